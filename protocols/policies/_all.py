@@ -1,0 +1,1 @@
+"""Imports every policy module so that each registers itself."""

@@ -1,0 +1,44 @@
+"""The policy interface. One file per policy; each registers itself by name.
+
+Attribution rules (what the measurement counts as stall):
+- ``validate`` runs on the action path: its elapsed time, minus replan (generation)
+  time, is action-path stall.
+- ``on_update`` runs at the owner right after it installs a new head of one of its
+  keys. Its elapsed time is stall (a timed central commit or quorum write) unless
+  the policy lists "on_update" in ``off_path_hooks``.
+- ``at_unit_end`` runs at every agent after every work unit. Its elapsed time is stall
+  (a timed synchronisation barrier) unless listed in ``off_path_hooks``.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from protocols.env import ActionOutcome, ActionRequest, PolicyEnv
+from protocols.records import HeadInfo
+
+
+class Policy:
+    name: ClassVar[str] = ""
+    #: True if the policy checks derivation currency (F = C = H) before release.
+    derivation_current: ClassVar[bool] = True
+    #: Whether the central metadata directory must run for this policy.
+    needs_central: ClassVar[bool] = False
+    #: Hooks whose time is not stall (announcements sent in the background, etc.).
+    off_path_hooks: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(self, param: int | None = None) -> None:
+        self.param = param
+
+    @property
+    def label(self) -> str:
+        return self.name if self.param is None else f"{self.name}/{self.param}"
+
+    async def on_update(self, env: PolicyEnv, head: HeadInfo) -> None:  # noqa: B027
+        """Called at the owner after it advanced ``head``; default: nothing."""
+
+    async def at_unit_end(self, env: PolicyEnv, unit: int) -> None:  # noqa: B027
+        """Called at every agent after work unit ``unit``; default: nothing."""
+
+    async def validate(self, env: PolicyEnv, request: ActionRequest) -> ActionOutcome:
+        raise NotImplementedError

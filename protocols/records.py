@@ -1,0 +1,161 @@
+"""Immutable public records, their canonical encoding, IDs and signatures.
+
+Rules this module enforces:
+
+1. A record's ID is BLAKE2b-256 (personalised) over the canonical msgpack encoding
+   of every field but the signature, so an ID binds key, owner, sequence, exact
+   parents, type, content and author. Two records with equal IDs are equal.
+2. The author signs the ID with Ed25519; verification checks the ID recomputed from
+   the fields, the signature under the author's pinned key, and that the author is
+   the key's declared owner (single writer per key).
+3. Decoding from the wire accepts exactly the documented field types and sizes;
+   anything else is a :class:`RemoteProtocolError`, never a crash.
+4. A :class:`HeadInfo` is the metadata envelope of a record (what owners return
+   for head queries and what announcements carry): no content, but the ID, so a
+   consumer can fetch the exact record and verify it against the ID it was told.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+from nacl.exceptions import BadSignatureError
+
+from protocols.errors import IntegrityError, OwnerRuleError, RemoteProtocolError
+from protocols.identity import Identity, Roster
+
+RECORD_ID_BYTES = 32
+MAX_CONTENT_BYTES = 384 * 1024  # artifacts are 256-320 KiB; compact records <= 4 KiB
+MAX_PARENTS = 256
+MAX_KEY_CHARS = 200
+RECORD_TYPES = frozenset({"requirement", "review", "plan", "decision", "artifact", "action"})
+_ID_PERSON = b"pf-record-v1"
+_FORMAT_VERSION = 1
+
+
+def _digest(encoded: bytes) -> bytes:
+    return hashlib.blake2b(encoded, digest_size=RECORD_ID_BYTES, person=_ID_PERSON).digest()
+
+
+@dataclass(frozen=True)
+class Record:
+    key: str
+    owner: str
+    seq: int
+    parents: tuple[bytes, ...]
+    rtype: str
+    content: bytes
+    author: str
+    signature: bytes = b""
+
+    def canonical(self) -> bytes:
+        """Canonical encoding of every field but the signature (the signed bytes)."""
+        body = [_FORMAT_VERSION, self.key, self.owner, self.seq, list(self.parents),
+                self.rtype, self.content, self.author]
+        return msgpack.packb(body, use_bin_type=True)
+
+    @property
+    def id(self) -> bytes:
+        cached = self.__dict__.get("_id")
+        if cached is None:
+            cached = _digest(self.canonical())
+            object.__setattr__(self, "_id", cached)
+        return cached
+
+    @property
+    def head(self) -> HeadInfo:
+        return HeadInfo(self.key, self.owner, self.seq, self.id)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"key": self.key, "owner": self.owner, "seq": self.seq,
+                "parents": list(self.parents), "rtype": self.rtype,
+                "content": self.content, "author": self.author, "sig": self.signature}
+
+    @classmethod
+    def from_wire(cls, d: object) -> Record:
+        """Decode a peer-supplied record, checking types and sizes (not signatures)."""
+        if not isinstance(d, Mapping):
+            raise RemoteProtocolError("record is not a map")
+        try:
+            key, owner, seq = d["key"], d["owner"], d["seq"]
+            parents, rtype, content = d["parents"], d["rtype"], d["content"]
+            author, sig = d["author"], d["sig"]
+        except KeyError as exc:
+            raise RemoteProtocolError(f"record lacks field {exc.args[0]!r}") from None
+        if not isinstance(key, str) or not 0 < len(key) <= MAX_KEY_CHARS:
+            raise RemoteProtocolError("record key must be a non-empty string")
+        if not isinstance(owner, str) or not isinstance(author, str):
+            raise RemoteProtocolError("record owner/author must be strings")
+        if not isinstance(seq, int) or isinstance(seq, bool) or not 0 <= seq < 2**63:
+            raise RemoteProtocolError("record seq must be a non-negative integer")
+        if not isinstance(parents, (list, tuple)) or len(parents) > MAX_PARENTS or not all(
+                isinstance(p, bytes) and len(p) == RECORD_ID_BYTES for p in parents):
+            raise RemoteProtocolError("record parents must be a list of 32-byte IDs")
+        if rtype not in RECORD_TYPES:
+            raise RemoteProtocolError(f"unknown record type {rtype!r}")
+        if not isinstance(content, bytes) or len(content) > MAX_CONTENT_BYTES:
+            raise RemoteProtocolError("record content must be bytes within the size cap")
+        if not isinstance(sig, bytes) or len(sig) != 64:
+            raise RemoteProtocolError("record signature must be 64 bytes")
+        return cls(key, owner, seq, tuple(parents), rtype, content, author, sig)
+
+
+@dataclass(frozen=True)
+class HeadInfo:
+    """Metadata envelope of a record: enough to compare and to fetch, no content."""
+
+    key: str
+    owner: str
+    seq: int
+    record_id: bytes
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"key": self.key, "owner": self.owner, "seq": self.seq, "id": self.record_id}
+
+    @classmethod
+    def from_wire(cls, d: object) -> HeadInfo:
+        if not isinstance(d, Mapping):
+            raise RemoteProtocolError("head is not a map")
+        key, owner, seq, rid = d.get("key"), d.get("owner"), d.get("seq"), d.get("id")
+        if not (isinstance(key, str) and isinstance(owner, str) and isinstance(seq, int)
+                and not isinstance(seq, bool) and seq >= 0
+                and isinstance(rid, bytes) and len(rid) == RECORD_ID_BYTES):
+            raise RemoteProtocolError("malformed head envelope")
+        return cls(key, owner, seq, rid)
+
+
+def make_record(identity: Identity, *, key: str, owner: str, seq: int,
+                parents: Sequence[bytes], rtype: str, content: bytes) -> Record:
+    """Create and sign a record authored by ``identity``."""
+    unsigned = Record(key, owner, seq, tuple(parents), rtype, content, identity.agent_id)
+    return Record(key, owner, seq, tuple(parents), rtype, content, identity.agent_id,
+                  identity.sign(unsigned.id))
+
+
+def verify_record(record: Record, roster: Roster, *, expected_id: bytes | None = None) -> None:
+    """Check digest binding, author signature and the single-writer rule.
+
+    Raises :class:`IntegrityError` (or :class:`OwnerRuleError`) on any failure.
+    """
+    rid = record.id
+    if expected_id is not None and rid != expected_id:
+        raise IntegrityError("record digest does not match the requested ID")
+    try:
+        verify_key = roster.verify_key(record.author)
+    except KeyError:
+        raise IntegrityError(f"record author {record.author!r} is not in the roster") from None
+    try:
+        verify_key.verify(rid, record.signature)
+    except BadSignatureError:
+        raise IntegrityError("record signature does not verify") from None
+    declared = roster.owners.get(record.key)
+    if declared is not None and declared != record.owner:
+        raise OwnerRuleError(f"record names owner {record.owner!r} but {record.key!r} "
+                             f"belongs to {declared!r}")
+    if record.author != record.owner:
+        raise OwnerRuleError(f"record of {record.key!r} authored by {record.author!r}, "
+                             f"not its owner {record.owner!r}")
