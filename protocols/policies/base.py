@@ -8,6 +8,8 @@ Attribution rules (what the measurement counts as stall):
   the policy lists "on_update" in ``off_path_hooks``.
 - ``at_unit_end`` runs at every agent after every work unit. Its elapsed time is stall
   (a timed synchronisation barrier) unless listed in ``off_path_hooks``.
+- ``on_seed`` runs at the owner after it seeded a key's initial version during setup.
+  It is never measured (setup happens before the episode's measurement starts).
 """
 
 from __future__ import annotations
@@ -34,10 +36,13 @@ class Policy:
     def label(self) -> str:
         return self.name if self.param is None else f"{self.name}/{self.param}"
 
-    async def on_update(self, env: PolicyEnv, head: HeadInfo) -> None:  # noqa: B027
+    async def on_seed(self, env: PolicyEnv, head: HeadInfo) -> None:
+        """Called at the owner after seeding ``head`` (setup, unmeasured); default: nothing."""
+
+    async def on_update(self, env: PolicyEnv, head: HeadInfo) -> None:
         """Called at the owner after it advanced ``head``; default: nothing."""
 
-    async def at_unit_end(self, env: PolicyEnv, unit: int) -> None:  # noqa: B027
+    async def at_unit_end(self, env: PolicyEnv, unit: int) -> None:
         """Called at every agent after work unit ``unit``; default: nothing."""
 
     async def validate(self, env: PolicyEnv, request: ActionRequest) -> ActionOutcome:

@@ -1,0 +1,11 @@
+"""Reports from campaign results: the paper's tables, paired statistics, figures.
+
+Layers (each imports only those above it): ``naming`` (policy names and categories),
+``load`` (run directory -> frames), ``stats`` (medians, IQR, two-stage bootstrap, tie
+rule), ``slicing`` (which slice a table shows), ``tabular`` (table model and writers),
+``tables`` and ``figures`` (the layouts), ``render`` (report.md/html), ``build``.
+"""
+
+from testbed.report.build import build_report
+
+__all__ = ["build_report"]

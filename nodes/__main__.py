@@ -1,0 +1,59 @@
+"""``python -m nodes --control SOCKET_PATH [--netns NAME] [--log-level LEVEL] [--plugin MODULE]``.
+
+``--plugin`` imports a module before serving, so that policies it registers can be
+named in ``configure`` (tests and experiments add policies this way, without
+touching the registry).
+
+The namespace is entered before trio starts, so every socket the node opens (the
+data-plane listener and all client connections) lives in that namespace. The control
+socket is a filesystem Unix socket, reachable from the controller in any namespace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m nodes", description=__doc__)
+    parser.add_argument("--control", required=True, help="Unix socket path to serve")
+    parser.add_argument("--netns", default=None, help="network namespace to enter first")
+    parser.add_argument("--log-level", default="info", choices=LOG_LEVELS)
+    parser.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                        help="import MODULE first (it may register policies)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(),
+                        format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s")
+    if args.netns:
+        from pyroute2 import netns
+
+        try:
+            netns.setns(args.netns)
+        except OSError as exc:
+            print(f"--netns: cannot enter {args.netns!r}: {exc} (errno {exc.errno})",
+                  file=sys.stderr)
+            return 2
+    import importlib
+
+    import trio
+
+    for module in args.plugin:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            print(f"--plugin: cannot import {module!r}: {exc}", file=sys.stderr)
+            return 2
+
+    from nodes.node import run_node
+
+    trio.run(run_node, args.control)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

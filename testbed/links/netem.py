@@ -1,0 +1,543 @@
+"""The kernel (tc netem + tbf) link backend and its pure trace-to-schedule compiler.
+
+Rules:
+
+- Topology: one veth pair per host between the host's namespace and a switch namespace
+  that bridges all pairs. The host end's egress is the host's uplink; the switch end's
+  egress is the host's downlink. A->B traffic therefore crosses A's uplink then B's
+  downlink, as in the userspace backend.
+- Each direction gets `netem` as the root qdisc (one-way `delay_ms`, `loss_pct`) and,
+  for rate-limited links, a `tbf` child whose rate follows the schedule. The drop-tail
+  bound is tbf's byte limit: `queue_bytes`, else `queue_packets` x 1500.
+- A capacity trace cannot be replayed packet by packet by the kernel; it is compiled into
+  one rate per fixed interval (`compile_schedule`), and a trio task changes each tbf's
+  rate at the interval boundaries (pyroute2 calls run in a worker thread). Intervals with
+  no opportunity are explicit zero steps; tbf cannot take a zero rate, so they are applied
+  as `ZERO_RATE_FLOOR_KBIT`, slow enough that nothing but the bucket's burst leaves.
+- Deviations from mm-link, documented in docs/links.md: the rate is averaged over an
+  interval; the packet meets the delay before the rate limiter (netem is the parent);
+  every rate change refills tbf's bucket (one burst passes).
+- Everything created carries the run prefix; with a `Ledger` it is recorded before it
+  is created, so `testbed clean` can remove it after a crash. Kernel errors are raised
+  as `KernelError` (an OSError keeping the kernel's errno).
+
+The compiler and the probe run everywhere; the backend needs sch_netem and root.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import itertools
+import math
+import os
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, TypeVar
+
+import numpy as np
+import trio
+
+from testbed.links.profiles import LinkSpec, NetworkProfile
+from testbed.links.traces import MTU_BYTES, Trace, kbit_per_opportunity_ms, load_named
+from testbed.netns import KernelError, Ledger
+
+__all__ = [
+    "DEFAULT_INTERVAL_MS",
+    "ZERO_RATE_FLOOR_KBIT",
+    "DirectionPlan",
+    "NetemBackend",
+    "NetemHost",
+    "RateStep",
+    "compile_schedule",
+    "netem_available",
+    "open_netem_links",
+    "plan_direction",
+    "probe_qdisc",
+    "scratch_netns",
+    "tbf_params",
+]
+
+T = TypeVar("T")
+
+DEFAULT_INTERVAL_MS = 10.0
+"""Rate-change interval; ten changes per second per direction per host."""
+
+ZERO_RATE_FLOOR_KBIT = 8.0
+"""tbf rate standing for zero capacity (1000 B/s: a 1500-byte packet needs 1.5 s)."""
+
+NETEM_DELAY_LIMIT_PACKETS = 100_000
+"""netem's own FIFO only holds packets in flight for the delay; it must never drop."""
+
+_IFNAME_MAX = 15
+_probe_counter = itertools.count()
+
+
+# ----------------------------------------------------------------- pure: schedule compiler
+
+
+@dataclass(frozen=True)
+class RateStep:
+    """From replay time `t_ms` until the next step the link carries `rate_kbit` (0 = outage)."""
+
+    t_ms: float
+    rate_kbit: float
+
+
+def compile_schedule(
+    trace: Trace,
+    *,
+    offset_ms: float,
+    interval_ms: float,
+    duration_ms: float,
+    start_ms: float = 0.0,
+) -> list[RateStep]:
+    """One step per interval over [start_ms, start_ms + duration_ms) of replay time.
+
+    Replay time 0 is trace time `offset_ms`. Each step's rate is what the trace's
+    opportunities in that interval can carry (1500 bytes each); the last interval may
+    be shorter and uses its real width. Compiling a long replay in consecutive pieces
+    (`start_ms` = 0, d, 2d, ...) gives exactly the steps of compiling it whole.
+    """
+    for field_name, value in (("interval_ms", interval_ms), ("duration_ms", duration_ms)):
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{field_name}: must be a finite number > 0, got {value!r}")
+    for field_name, value in (("offset_ms", offset_ms), ("start_ms", start_ms)):
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"{field_name}: must be a finite number >= 0, got {value!r}")
+    n_steps = math.ceil(duration_ms / interval_ms - 1e-9)
+    end_ms = start_ms + duration_ms
+    edges = np.minimum(start_ms + np.arange(n_steps + 1, dtype=np.float64) * interval_ms, end_ms)
+    opportunities = trace.opportunities(start_ms, end_ms, offset_ms)
+    # counts[i] = opportunities in [edges[i], edges[i+1])
+    positions = np.searchsorted(opportunities, edges, side="left")
+    counts = np.diff(positions)
+    widths = np.diff(edges)
+    return [
+        RateStep(t_ms=float(edges[i]), rate_kbit=kbit_per_opportunity_ms(int(counts[i]), float(widths[i])))
+        for i in range(n_steps)
+    ]
+
+
+# ----------------------------------------------------------------- pure: qdisc parameters
+
+
+def tbf_params(rate_kbit: float, *, limit_bytes: int) -> dict[str, int]:
+    """pyroute2 `tbf` arguments: rate in bytes/s, burst of one full frame or 1 ms of rate."""
+    effective_kbit = max(rate_kbit, ZERO_RATE_FLOOR_KBIT)
+    rate_bytes_s = max(1, round(effective_kbit * 1000 / 8))
+    burst = max(MTU_BYTES + 14, math.ceil(rate_bytes_s / 1000))
+    return {"rate": rate_bytes_s, "burst": burst, "limit": max(limit_bytes, burst)}
+
+
+@dataclass(frozen=True)
+class DirectionPlan:
+    """Qdiscs of one direction of one host link, before anything touches the kernel."""
+
+    delay_ms: float
+    loss_pct: float
+    limit_bytes: int
+    trace: str | None  # rate follows this trace's schedule
+    rate_kbit: float | None  # fixed rate; None with trace None = delay only
+
+    @property
+    def shaped(self) -> bool:
+        return self.trace is not None or self.rate_kbit is not None
+
+    def netem_params(self) -> dict[str, Any]:
+        return {
+            "delay": round(self.delay_ms * 1000),  # microseconds
+            "loss": self.loss_pct,
+            "limit": NETEM_DELAY_LIMIT_PACKETS,
+        }
+
+
+def plan_direction(link: LinkSpec, direction: str) -> DirectionPlan:
+    """Describe one direction ('up' or 'down') of a profile's access link."""
+    if direction not in ("up", "down"):
+        raise ValueError(f"direction: must be 'up' or 'down', got {direction!r}")
+    limit = link.queue_bytes if link.queue_bytes is not None else link.queue_packets * MTU_BYTES
+    return DirectionPlan(
+        delay_ms=link.delay_ms,
+        loss_pct=link.loss_pct,
+        limit_bytes=limit,
+        trace=link.up_trace if direction == "up" else link.down_trace,
+        rate_kbit=link.rate_kbit,
+    )
+
+
+# ----------------------------------------------------------------- kernel helpers
+
+
+def _kernel(operation: str, fn: Callable[[], T]) -> T:
+    """Run one pyroute2 call; failures become KernelError with the kernel's errno."""
+    from pyroute2 import NetlinkError
+
+    try:
+        return fn()
+    except NetlinkError as exc:
+        raise KernelError(int(exc.code), operation) from exc
+    except KernelError:
+        raise
+    except OSError as exc:
+        raise KernelError(exc.errno or errno.EIO, operation) from exc
+
+
+def _errno_text(exc: BaseException) -> str:
+    code = getattr(exc, "errno", None) or getattr(exc, "code", None)
+    if isinstance(code, int) and code > 0:
+        return f"[Errno {code} {errno.errorcode.get(code, '?')}] {os.strerror(code)}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+@contextlib.contextmanager
+def scratch_netns(prefix: str) -> Iterator[tuple[str, Any]]:
+    """A throwaway namespace `<prefix>ns` with a veth pair `<prefix>a`/`<prefix>b` (up).
+
+    Yields (namespace name, open pyroute2 IPRoute inside it); everything is removed in
+    `finally`. Raises KernelError if the kernel refuses any step.
+    """
+    from pyroute2 import IPRoute
+    from pyroute2 import netns as pr_netns
+
+    if len(prefix) + 2 > _IFNAME_MAX:
+        raise ValueError(f"prefix: at most {_IFNAME_MAX - 2} characters, got {prefix!r}")
+    name = f"{prefix}ns"
+    _kernel(f"create netns {name}", lambda: pr_netns.create(name))
+    try:
+        ipr = _kernel(f"open netlink in {name}", lambda: IPRoute(netns=name))
+        try:
+            _kernel(
+                f"add veth {prefix}a in {name}",
+                lambda: ipr.link("add", ifname=f"{prefix}a", kind="veth", peer=f"{prefix}b"),
+            )
+            for end in (f"{prefix}a", f"{prefix}b"):
+                index = _kernel(f"lookup {end}", partial(ipr.link_lookup, ifname=end))[0]
+                _kernel(f"set {end} up", partial(ipr.link, "set", index=index, state="up"))
+            yield name, ipr
+        finally:
+            ipr.close()
+    finally:
+        with contextlib.suppress(OSError):
+            pr_netns.remove(name)  # removes the veth pair and its qdiscs with it
+
+
+def probe_qdisc(kind: str, params: dict[str, Any], *, prefix: str | None = None) -> tuple[bool, str]:
+    """Try to attach qdisc `kind` to a veth in a scratch namespace; (works, why)."""
+    if os.geteuid() != 0:
+        return False, f"cannot probe {kind}: needs root to create a scratch namespace"
+    tag = prefix or f"tbq{os.getpid() % 100000}{next(_probe_counter)}"
+    stage = "scratch namespace"
+    try:
+        with scratch_netns(tag) as (name, ipr):
+            index = ipr.link_lookup(ifname=f"{tag}a")[0]
+            stage = f"{kind} qdisc"
+            _kernel(f"add {kind} qdisc", lambda: ipr.tc("add", kind, index, handle="1:0", **params))
+            return True, f"{kind} qdisc attached to a veth in scratch namespace {name}"
+    except (OSError, ValueError) as exc:
+        reason = _errno_text(exc)
+        hint = ""
+        if stage != "scratch namespace" and getattr(exc, "errno", None) == errno.ENOENT:
+            hint = f" (the kernel has no sch_{kind})"
+        return False, f"adding {stage} failed: {reason}{hint}"
+
+
+def netem_available(prefix: str | None = None) -> tuple[bool, str]:
+    """Functional probe: can a netem qdisc be added here? (answer, errno-bearing reason)."""
+    return probe_qdisc("netem", {"delay": 20_000, "loss": 0, "limit": 1000}, prefix=prefix)
+
+
+# ----------------------------------------------------------------- the backend
+
+
+@dataclass(frozen=True)
+class NetemHost:
+    """A host the topology created: its namespace and its /32 address in 198.18.0.0/15."""
+
+    name: str
+    netns: str
+    address: str
+
+
+@dataclass
+class _Direction:
+    host: str
+    side: str  # "up" (host end) or "down" (switch end)
+    netns: str
+    ifname: str
+    plan: DirectionPlan
+    index: int = 0
+    current_kbit: float | None = None
+
+
+class NetemBackend:
+    """veth pairs to a switch namespace, netem + tbf per direction, schedule-driven rates.
+
+    Synchronous methods block on netlink: call them through `trio.to_thread.run_sync`
+    (or use `open_netem_links`, which does).
+    """
+
+    def __init__(
+        self,
+        profile: NetworkProfile,
+        *,
+        prefix: str,
+        ledger: Ledger | None = None,
+        trace_offset_ms: float = 0.0,
+        interval_ms: float = DEFAULT_INTERVAL_MS,
+    ) -> None:
+        if profile.link is None:
+            raise ValueError("profile: loopback has no link; the netem backend needs a shaped profile")
+        if not (math.isfinite(interval_ms) and interval_ms >= 1):
+            raise ValueError(f"interval_ms: must be a number >= 1, got {interval_ms!r}")
+        if not (math.isfinite(trace_offset_ms) and trace_offset_ms >= 0):
+            raise ValueError(f"trace_offset_ms: must be a number >= 0, got {trace_offset_ms!r}")
+        self.profile = profile
+        self.link: LinkSpec = profile.link
+        self.prefix = prefix
+        self.ledger = ledger
+        self.trace_offset_ms = trace_offset_ms
+        self.interval_ms = interval_ms
+        self.switch_ns = f"{prefix}sw"
+        self.bridge = f"{prefix}br"
+        self._directions: list[_Direction] = []
+        self._iprs: dict[str, Any] = {}
+        self._created_switch = False
+        self._replay_scope: trio.CancelScope | None = None
+        self._lock = threading.Lock()  # one netlink user at a time (rates vs counters)
+
+    # -- build / teardown (blocking) --
+
+    def _ipr(self, netns: str) -> Any:
+        from pyroute2 import IPRoute
+
+        if netns not in self._iprs:
+            self._iprs[netns] = _kernel(f"open netlink in {netns}", lambda: IPRoute(netns=netns))
+        return self._iprs[netns]
+
+    def describe(self, hosts: Sequence[NetemHost]) -> list[tuple[str, str, str, DirectionPlan]]:
+        """Pure: (host, side, interface, plan) for every direction `build` will create."""
+        if len(f"{self.prefix}d{max(len(hosts) - 1, 0)}") > _IFNAME_MAX:
+            raise ValueError(f"prefix: too long for interface names, got {self.prefix!r}")
+        names = [h.name for h in hosts]
+        if len(set(names)) != len(names):
+            raise ValueError(f"hosts: names must be unique, got {names}")
+        out: list[tuple[str, str, str, DirectionPlan]] = []
+        for i, host in enumerate(hosts):
+            out.append((host.name, "up", f"{self.prefix}u{i}", plan_direction(self.link, "up")))
+            out.append((host.name, "down", f"{self.prefix}d{i}", plan_direction(self.link, "down")))
+        return out
+
+    def build(self, hosts: Sequence[NetemHost]) -> None:
+        """Create the switch namespace, bridge, one veth pair per host, and the qdiscs."""
+        netns_of = {h.name: h.netns for h in hosts}
+        self._directions = [
+            _Direction(host=host, side=side, ifname=ifname, plan=plan,
+                       netns=netns_of[host] if side == "up" else self.switch_ns)
+            for host, side, ifname, plan in self.describe(hosts)  # validates first
+        ]
+        self._create(hosts)
+
+    def _create(self, hosts: Sequence[NetemHost]) -> None:
+        from pyroute2 import netns as pr_netns
+
+        if self.ledger is not None:
+            self.ledger.record_netns(self.switch_ns)
+        _kernel(f"create netns {self.switch_ns}", lambda: pr_netns.create(self.switch_ns))
+        self._created_switch = True
+        sw = self._ipr(self.switch_ns)
+        _kernel(f"add bridge {self.bridge}", lambda: sw.link("add", ifname=self.bridge, kind="bridge"))
+        br_index = _kernel("lookup bridge", lambda: sw.link_lookup(ifname=self.bridge))[0]
+        _kernel("bridge up", lambda: sw.link("set", index=br_index, state="up"))
+        for i, host in enumerate(hosts):
+            self._build_host(i, host, br_index)
+
+    def _build_host(self, i: int, host: NetemHost, br_index: int) -> None:
+        sw = self._ipr(self.switch_ns)
+        up_if, down_if = f"{self.prefix}u{i}", f"{self.prefix}d{i}"
+        if self.ledger is not None:
+            self.ledger.record_link(down_if, self.switch_ns)  # deleting one end removes both
+        _kernel(f"add veth {up_if}/{down_if}",
+                lambda: sw.link("add", ifname=down_if, kind="veth", peer=up_if))
+        up_index = _kernel(f"lookup {up_if}", lambda: sw.link_lookup(ifname=up_if))[0]
+        _kernel(f"move {up_if} to {host.netns}",
+                lambda: sw.link("set", index=up_index, net_ns_fd=host.netns))
+        down_index = _kernel(f"lookup {down_if}", lambda: sw.link_lookup(ifname=down_if))[0]
+        _kernel(f"enslave {down_if}", lambda: sw.link("set", index=down_index, master=br_index))
+        _kernel(f"set {down_if} up", lambda: sw.link("set", index=down_index, state="up"))
+
+        hn = self._ipr(host.netns)
+        lo = _kernel("lookup lo", lambda: hn.link_lookup(ifname="lo"))[0]
+        _kernel(f"{host.netns}: lo up", lambda: hn.link("set", index=lo, state="up"))
+        index = _kernel(f"lookup {up_if}", lambda: hn.link_lookup(ifname=up_if))[0]
+        _kernel(f"{host.netns}: address {host.address}",
+                lambda: hn.addr("add", index=index, address=host.address, prefixlen=15))
+        _kernel(f"{host.netns}: {up_if} up", lambda: hn.link("set", index=index, state="up"))
+
+        for d in self._directions:
+            if d.host == host.name:
+                d.index = index if d.side == "up" else down_index
+                self._install_qdiscs(d)
+
+    def _install_root(self, ipr: Any, d: _Direction, where: str) -> None:
+        """Root qdisc `1:` (netem: delay, loss); a shaping child attaches at `1:1`."""
+        _kernel(f"add netem on {where}",
+                lambda: ipr.tc("add", "netem", d.index, handle="1:0", **d.plan.netem_params()))
+
+    def _install_qdiscs(self, d: _Direction) -> None:
+        ipr = self._ipr(d.netns)
+        where = f"{d.ifname} in {d.netns}"
+        self._install_root(ipr, d, where)
+        if d.plan.shaped:
+            rate = d.plan.rate_kbit if d.plan.rate_kbit is not None else ZERO_RATE_FLOOR_KBIT
+            _kernel(f"add tbf on {where}",
+                    lambda: ipr.tc("add", "tbf", d.index, handle="10:0", parent="1:1",
+                                   **tbf_params(rate, limit_bytes=d.plan.limit_bytes)))
+            d.current_kbit = rate
+
+    def set_rates(self, changes: Sequence[tuple[int, float]]) -> None:
+        """Apply (direction index, rate_kbit) changes; blocking netlink calls."""
+        with self._lock:
+            self._set_rates(changes)
+
+    def _set_rates(self, changes: Sequence[tuple[int, float]]) -> None:
+        for i, rate_kbit in changes:
+            d = self._directions[i]
+            ipr = self._ipr(d.netns)
+            _kernel(f"change tbf on {d.ifname} in {d.netns}",
+                    partial(ipr.tc, "change", "tbf", d.index, handle="10:0", parent="1:1",
+                            **tbf_params(rate_kbit, limit_bytes=d.plan.limit_bytes)))
+            d.current_kbit = rate_kbit
+
+    def counters(self) -> dict[str, dict[str, int]]:
+        """Per host: packets/bytes sent and drops per direction, from the kernel's stats."""
+        with self._lock:
+            return self._counters()
+
+    def _counters(self) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        for d in self._directions:
+            ipr = self._ipr(d.netns)
+            link = _kernel(f"stats of {d.ifname}", partial(ipr.get_links, d.index))[0]
+            stats = link.get_attr("IFLA_STATS64") or {}
+            drops = 0
+            for q in _kernel(f"qdiscs of {d.ifname}", partial(ipr.get_qdiscs, index=d.index)):
+                qstats = q.get_attr("TCA_STATS") or {}
+                drops += int(qstats.get("drop", 0))
+            row = out.setdefault(d.host, {})
+            row[f"{d.side}_packets"] = int(stats.get("tx_packets", 0))
+            row[f"{d.side}_bytes"] = int(stats.get("tx_bytes", 0))
+            row[f"{d.side}_drops"] = drops
+        return out
+
+    def teardown(self) -> None:
+        """Remove the switch namespace (its veth ends take the host ends with them)."""
+        from pyroute2 import netns as pr_netns
+
+        try:
+            for ipr in self._iprs.values():
+                with contextlib.suppress(OSError):
+                    ipr.close()
+            self._iprs.clear()
+            if self._created_switch:
+                try:
+                    pr_netns.remove(self.switch_ns)
+                except OSError as exc:
+                    if exc.errno not in (errno.ENOENT, errno.EINVAL):
+                        raise KernelError(exc.errno or errno.EIO, f"remove netns {self.switch_ns}") from exc
+                self._created_switch = False
+        finally:
+            self._directions.clear()
+
+    # -- schedule (trio) --
+
+    def _traces(self) -> list[Trace | None]:
+        return [None if d.plan.trace is None else load_named(d.plan.trace) for d in self._directions]
+
+    async def run_schedule(self, *, chunk_ms: float = 10_000.0) -> None:
+        """Replay every traced direction's schedule until cancelled; restartable.
+
+        Steps are compiled `chunk_ms` at a time (the trace wraps forever); a change is
+        sent only when a direction's rate differs from what it has. `restart_trace()`
+        starts the replay again at the trace offset (each episode starts there, so
+        paired episodes see the same capacity).
+        """
+        if chunk_ms < self.interval_ms or not math.isclose(
+                chunk_ms / self.interval_ms, round(chunk_ms / self.interval_ms)):
+            raise ValueError(f"chunk_ms: must be a multiple of interval_ms, got {chunk_ms!r}")
+        await self._run_schedule(chunk_ms)
+
+    async def _run_schedule(self, chunk_ms: float) -> None:
+        while True:
+            with trio.CancelScope() as scope:
+                self._replay_scope = scope
+                await self._replay(chunk_ms)
+            self._replay_scope = None
+
+    async def restart_trace(self) -> None:
+        """Restart the replay clock at the trace offset (no-op before `run_schedule`)."""
+        if self._replay_scope is not None:
+            self._replay_scope.cancel()
+        await trio.lowlevel.checkpoint()
+
+    async def _replay(self, chunk_ms: float) -> None:
+        traces = self._traces()
+        if all(t is None for t in traces):
+            await trio.sleep_forever()
+        start = trio.current_time()
+        for chunk in itertools.count():
+            chunk_start = chunk * chunk_ms
+            per_direction = [
+                None if t is None else compile_schedule(
+                    t, offset_ms=self.trace_offset_ms, start_ms=chunk_start,
+                    interval_ms=self.interval_ms, duration_ms=chunk_ms)
+                for t in traces
+            ]
+            n_steps = max(len(s) for s in per_direction if s is not None)
+            for k in range(n_steps):
+                changes: list[tuple[int, float]] = []
+                t_ms = chunk_start + k * self.interval_ms
+                for i, steps in enumerate(per_direction):
+                    if steps is None or k >= len(steps):
+                        continue
+                    rate = steps[k].rate_kbit
+                    if self._directions[i].current_kbit != rate:
+                        changes.append((i, rate))
+                await trio.sleep_until(start + t_ms / 1000.0)
+                if changes:
+                    await self._apply_changes(changes)
+
+    async def _apply_changes(self, changes: list[tuple[int, float]]) -> None:
+        await trio.to_thread.run_sync(self.set_rates, changes)
+
+
+@contextlib.asynccontextmanager
+async def open_netem_links(
+    profile: NetworkProfile,
+    hosts: Sequence[NetemHost],
+    *,
+    prefix: str,
+    ledger: Ledger | None = None,
+    trace_offset_ms: float = 0.0,
+    interval_ms: float = DEFAULT_INTERVAL_MS,
+) -> AsyncIterator[NetemBackend]:
+    """Build the netem links for `hosts`, replay the schedule while open, tear down on exit.
+
+    Fails fast (KernelError with the errno) when the kernel lacks netem or tbf; it never
+    yields an unshaped link.
+    """
+    backend = NetemBackend(profile, prefix=prefix, ledger=ledger,
+                           trace_offset_ms=trace_offset_ms, interval_ms=interval_ms)
+    try:
+        await trio.to_thread.run_sync(backend.build, hosts)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(backend.run_schedule)
+            try:
+                yield backend
+            finally:
+                nursery.cancel_scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(backend.teardown)

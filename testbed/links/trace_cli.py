@@ -1,0 +1,109 @@
+"""`testbed traces list|show`: human views of the shipped capacity traces."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from testbed.links.traces import Trace, load_named, trace_catalogue, trace_dir
+
+__all__ = ["PLOT_BIN_MS", "TraceSummary", "summarize", "traces_list", "traces_show"]
+
+PLOT_BIN_MS = 1000
+"""Capacity is averaged over 1 s bins for the plot and the zero-capacity count."""
+
+
+@dataclass(frozen=True)
+class TraceSummary:
+    name: str
+    direction: str
+    length_s: float
+    mean_mbit: float
+    longest_outage_s: float
+    zero_capacity_s: float  # seconds of 1 s bins with no delivery opportunity
+    opportunities: int
+
+
+def summarize(trace: Trace) -> TraceSummary:
+    series = trace.capacity_series_kbit(PLOT_BIN_MS)
+    return TraceSummary(
+        name=trace.name,
+        direction=trace.direction,
+        length_s=trace.length_s,
+        mean_mbit=trace.mean_rate_kbit() / 1000.0,
+        longest_outage_s=trace.longest_outage_ms() / 1000.0,
+        zero_capacity_s=float((series == 0).sum()) * PLOT_BIN_MS / 1000.0,
+        opportunities=int(trace.stamps_ms.size),
+    )
+
+
+def traces_list(console: Console) -> None:
+    """Table of every trace in the trace folder."""
+    catalogue = trace_catalogue()
+    if not catalogue:
+        console.print(f"no traces found in {trace_dir()} (*.up / *.down files)")
+        return
+    table = Table(title=f"traces in {trace_dir()}")
+    table.add_column("name")
+    table.add_column("direction")
+    table.add_column("length s", justify="right")
+    table.add_column("mean capacity Mbit/s", justify="right")
+    table.add_column("longest outage s", justify="right")
+    for name in catalogue:
+        s = summarize(load_named(name))
+        table.add_row(s.name, s.direction, f"{s.length_s:.1f}", f"{s.mean_mbit:.2f}",
+                      f"{s.longest_outage_s:.1f}")
+    console.print(table)
+
+
+def traces_show(name: str, plot: Path | None, console: Console) -> None:
+    """Summary of one trace; with `plot`, a PNG of capacity over time (1 s bins)."""
+    trace = load_named(name)
+    s = summarize(trace)
+    table = Table(title=name, show_header=False)
+    table.add_column("field")
+    table.add_column("value", justify="right")
+    for field, value in (
+        ("direction", s.direction),
+        ("length", f"{s.length_s:.3f} s"),
+        ("delivery opportunities", f"{s.opportunities}"),
+        ("mean capacity", f"{s.mean_mbit:.3f} Mbit/s"),
+        ("longest outage", f"{s.longest_outage_s:.3f} s"),
+        ("zero-capacity 1 s bins", f"{s.zero_capacity_s:.0f} s"),
+    ):
+        table.add_row(field, value)
+    console.print(table)
+    if plot is not None:
+        write_plot(trace, plot)
+        console.print(f"wrote {plot}")
+
+
+def write_plot(trace: Trace, path: Path) -> None:
+    """Capacity over one period as a step plot, with the mean as a dashed line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    series = trace.capacity_series_kbit(PLOT_BIN_MS) / 1000.0
+    t_s = np.arange(series.size) * PLOT_BIN_MS / 1000.0
+    fig, ax = plt.subplots(figsize=(10, 3.5), dpi=100)
+    try:
+        ax.step(t_s, series, where="post", linewidth=0.9, label="capacity (1 s bins)")
+        ax.axhline(trace.mean_rate_kbit() / 1000.0, linestyle="--", linewidth=0.8,
+                   color="gray", label="mean")
+        ax.set_xlabel("time in trace (s)")
+        ax.set_ylabel("Mbit/s")
+        ax.set_title(f"{trace.name} ({trace.direction}link)")
+        ax.set_xlim(0, trace.length_s)
+        ax.set_ylim(bottom=0)
+        ax.legend(loc="upper right", fontsize="small")
+        fig.tight_layout()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, format="png")
+    finally:
+        plt.close(fig)

@@ -1,0 +1,76 @@
+"""``build_report``: read a run directory, write tables/, figures/, report.md, report.html.
+
+Only derived files are written; manifest.json and the Parquet results are read, never
+changed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+from testbed.report.figures import build_figures
+from testbed.report.load import load_run
+from testbed.report.render import ReportInputs, render_html, render_markdown
+from testbed.report.stats import DEFAULT_DRAWS
+from testbed.report.tables import build_tables
+from testbed.report.tabular import write_table
+
+
+class Printer(Protocol):
+    """Anything with a rich-Console-like ``print`` (rich.console.Console fits)."""
+
+    def print(self, *objects: Any) -> None: ...
+
+
+def build_report(
+    run_dir: Path,
+    *,
+    draws: int = DEFAULT_DRAWS,
+    seed: int = 0,
+    console: Printer | None = None,
+) -> dict[str, Any]:
+    """Write the report of the campaign in ``run_dir``; returns what was written.
+
+    Keys of the result: ``campaign``, ``tables`` (names), ``table_files``, ``figures``
+    (PNG and SVG paths), ``figure_data`` (CSV behind figures), ``report_md``,
+    ``report_html``, ``notes`` (parts skipped and why).
+    """
+    if draws < 1:
+        raise ValueError(f"draws: must be >= 1, got {draws}")
+    run_dir = Path(run_dir)
+
+    def say(message: str) -> None:
+        if console is not None:
+            console.print(message)
+
+    run = load_run(run_dir)
+    say(f"report: {run.campaign}: {len(run.episodes)} episodes, {len(run.actions)} actions")
+    tables = build_tables(run, draws=draws, seed=seed)
+    table_files: list[Path] = []
+    for table in tables:
+        table_files += write_table(table, run_dir / "tables")
+    say(f"report: {len(tables)} tables -> {run_dir / 'tables'}")
+    written, notes = build_figures(run, run_dir / "figures")
+    figure_paths = [p for p in written if p.suffix in (".png", ".svg")]
+    figure_data = [p for p in written if p not in figure_paths]
+    say(f"report: {len(figure_paths)} figure files -> {run_dir / 'figures'}")
+    pngs = [p for p in figure_paths if p.suffix == ".png"]
+    inputs = ReportInputs(run, tables, pngs, notes, draws, seed)
+    report_md = run_dir / "report.md"
+    report_html = run_dir / "report.html"
+    report_md.write_text(render_markdown(inputs, run_dir))
+    report_html.write_text(render_html(inputs))
+    for note in notes:
+        say(f"report: note: {note}")
+    say(f"report: {report_md}")
+    return {
+        "campaign": run.campaign,
+        "tables": [t.name for t in tables],
+        "table_files": table_files,
+        "figures": figure_paths,
+        "figure_data": figure_data,
+        "report_md": report_md,
+        "report_html": report_html,
+        "notes": notes,
+    }

@@ -1,0 +1,144 @@
+"""Read a run directory into frames the report can aggregate, without changing it.
+
+Per-episode action counts (issued, invalid, available, valid) are derived from
+actions.parquet and joined onto episodes.parquet, so every later step filters one
+frame. The scheduled-action denominator of an aborted episode is its
+``scheduled_actions`` column when the runner wrote one, otherwise the attempted count
+of a completed episode with the same schedule (same workload parameters and template):
+aborted slots stay in availability denominators and nothing is imputed for them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+# Columns that identify a configuration (a stratum) apart from the policy.
+CELL_COLUMNS = (
+    "network",
+    "backend",
+    "trace_offset_s",
+    "connection",
+    "agents",
+    "keys",
+    "deps",
+    "rho",
+    "tier",
+    "units",
+)
+# Columns that fix a workload schedule (identical across policies and connections).
+SCHEDULE_COLUMNS = ("agents", "keys", "deps", "rho", "units", "tier", "family", "template")
+
+
+class RunDirError(ValueError):
+    """The run directory is missing a file or a required column (the caller's input)."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """A campaign's results as read from its run directory."""
+
+    path: Path
+    manifest: dict[str, Any]
+    actions: pd.DataFrame
+    episodes: pd.DataFrame  # with derived columns scheduled, issued, invalid_n, available, valid
+
+    @property
+    def campaign(self) -> str:
+        name = self.manifest.get("campaign")
+        if name is None and "campaign" in self.episodes:
+            values = self.episodes["campaign"].dropna().unique()
+            name = values[0] if len(values) else None
+        return str(name) if name is not None else self.path.name
+
+    def cell_columns(self) -> list[str]:
+        return [c for c in CELL_COLUMNS if c in self.episodes.columns]
+
+
+_REQUIRED_EPISODE = ("policy", "network", "episode", "stall_ms_per_action", "kib_per_action")
+_REQUIRED_ACTION = ("policy", "episode", "outcome", "invalid")
+
+
+def load_run(path: Path) -> Run:
+    """Read manifest.json, actions.parquet and episodes.parquet from ``path``."""
+    for name in ("manifest.json", "actions.parquet", "episodes.parquet"):
+        if not (path / name).is_file():
+            raise RunDirError(f"{path}: missing {name}")
+    manifest = json.loads((path / "manifest.json").read_text())
+    if not isinstance(manifest, dict):
+        raise RunDirError(f"{path / 'manifest.json'}: expected a JSON object")
+    actions = pd.read_parquet(path / "actions.parquet")
+    episodes = pd.read_parquet(path / "episodes.parquet")
+    _require(episodes, _REQUIRED_EPISODE, path / "episodes.parquet")
+    _require(actions, _REQUIRED_ACTION, path / "actions.parquet")
+    return Run(path, manifest, actions, with_action_counts(episodes, actions))
+
+
+def _require(frame: pd.DataFrame, columns: tuple[str, ...], where: Path) -> None:
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise RunDirError(f"{where}: missing column(s) {', '.join(missing)}")
+
+
+def join_keys(episodes: pd.DataFrame, actions: pd.DataFrame) -> list[str]:
+    """Columns that identify one episode in both frames."""
+    keys = [c for c in ("campaign", "cell", "episode") if c in episodes and c in actions]
+    if "cell" not in keys:
+        keys += [c for c in ("policy", *CELL_COLUMNS) if c in episodes and c in actions]
+    return keys
+
+
+def with_action_counts(episodes: pd.DataFrame, actions: pd.DataFrame) -> pd.DataFrame:
+    """Copy of ``episodes`` with per-episode action counts and the scheduled denominator."""
+    keys = join_keys(episodes, actions)
+    released = actions["outcome"].astype(str).eq("released")
+    invalid = actions["invalid"].astype(bool) & released
+    counts = (
+        pd.DataFrame(
+            {
+                **{k: actions[k] for k in keys},
+                "recorded": 1,
+                "available": released.astype(int),
+                "invalid_n": invalid.astype(int),
+                "valid": (released & ~invalid).astype(int),
+            }
+        )
+        .groupby(keys, dropna=False, as_index=False)
+        .sum()
+    )
+    out = episodes.drop(
+        columns=[c for c in ("recorded", "available", "invalid_n", "valid") if c in episodes]
+    ).merge(counts, on=keys, how="left")
+    for column in ("recorded", "available", "invalid_n", "valid"):
+        out[column] = out[column].fillna(0).astype(int)
+    out["aborted"] = (
+        out["aborted"].astype("boolean").fillna(False).astype(bool) if "aborted" in out else False
+    )
+    out["scheduled"] = _scheduled(out)
+    return out
+
+
+def _scheduled(episodes: pd.DataFrame) -> pd.Series:
+    attempted = (
+        episodes["attempted_actions"] if "attempted_actions" in episodes else episodes["recorded"]
+    )
+    attempted = attempted.fillna(episodes["recorded"]).astype(int)
+    if "scheduled_actions" in episodes and episodes["scheduled_actions"].notna().all():
+        return episodes["scheduled_actions"].astype(int)
+    key = [c for c in SCHEDULE_COLUMNS if c in episodes]
+    done = episodes.loc[~episodes["aborted"], key].assign(_n=attempted[~episodes["aborted"]])
+    if not key or done.empty:
+        return attempted
+    reference = done.groupby(key, dropna=False)["_n"].max().rename("_ref").reset_index()
+    ref = episodes[key].merge(reference, on=key, how="left")["_ref"].to_numpy()
+    scheduled = attempted.copy()
+    mask = episodes["aborted"].to_numpy() & pd.notna(ref)
+    scheduled[mask] = pd.Series(ref[mask]).astype(int).to_numpy()
+    if "scheduled_actions" in episodes:
+        given = episodes["scheduled_actions"]
+        scheduled = given.fillna(scheduled).astype(int)
+    return scheduled.astype(int)

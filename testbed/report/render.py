@@ -1,0 +1,163 @@
+"""report.md and report.html: the tables inline, what each one shows, the figures.
+
+The Markdown links the figure files; the HTML embeds the PNGs (base64) so that one file
+can be mailed or opened anywhere.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from testbed.report.load import Run
+from testbed.report.tabular import Table, to_html, to_markdown
+
+FIGURE_CAPTIONS = {
+    "fig2_lowest_stall": "Lowest-stall policy per (network, rho) cell among metadata sync "
+    "(K=1), centralized lineage and PlanFence; the text gives the runner-up / winner ratio "
+    "of median stall; grey cells are ties under the 10% rule.",
+    "fig3_keys": "Median stall and traffic against the number of keys for PlanFence and "
+    "batched all-key validation.",
+    "figd1_validity": "Share of valid actions against median stall; numbers inside the "
+    "metadata-sync markers give the barrier interval K.",
+    "fig_stall_vs_rho": "Median stall against the update rate rho, per policy.",
+    "fig_trace_segments": "Capacity of the trace segment each network profile replayed "
+    "(from each trace offset, for the median episode duration).",
+}
+
+
+@dataclass(frozen=True)
+class ReportInputs:
+    run: Run
+    tables: list[Table]
+    figures: list[Path]  # PNG paths (SVG siblings share the stem)
+    notes: list[str]
+    draws: int
+    seed: int
+
+
+def _caption(stem: str) -> str:
+    for prefix, text in FIGURE_CAPTIONS.items():
+        if stem.startswith(prefix):
+            return text
+    return stem
+
+
+def _provenance_lines(run: Run) -> list[str]:
+    lines = [f"Campaign: {run.campaign}"]
+    for key in ("backend", "status", "git", "git_revision", "system", "started_at", "ended_at"):
+        if key in run.manifest and not isinstance(run.manifest[key], dict | list):
+            lines.append(f"{key}: {run.manifest[key]}")
+        elif key in run.manifest:
+            lines.append(f"{key}: {json.dumps(run.manifest[key], sort_keys=True)}")
+    if "backend" not in run.manifest and "backend" in run.episodes:
+        backends = ", ".join(sorted(map(str, run.episodes["backend"].unique())))
+        lines.append(f"backend: {backends}")
+    return lines
+
+
+def _overview(run: Run) -> list[str]:
+    ep = run.episodes
+    aborted = ep[ep["aborted"]]
+    lines = [
+        f"{len(ep)} episodes ({len(aborted)} aborted), {len(run.actions)} recorded actions, "
+        f"{int(ep['scheduled'].sum())} scheduled actions.",
+        "Policies: " + ", ".join(sorted(map(str, ep["policy"].unique()))) + ".",
+        "Networks: " + ", ".join(sorted(map(str, ep["network"].unique()))) + ".",
+    ]
+    if not aborted.empty and "abort_reason" in aborted:
+        reasons = aborted["abort_reason"].fillna("").astype(str).value_counts()
+        lines.append("Abort reasons: " + "; ".join(f"{r or 'unstated'} ({n})"
+                                                    for r, n in reasons.items()) + ".")
+    return lines
+
+
+def _conventions(inputs: ReportInputs) -> list[str]:
+    return [
+        "Costs are medians over workflow templates of each episode's stall (ms per attempted "
+        "protected action) and traffic (KiB per action); brackets give interquartile ranges.",
+        "Aborted episodes keep their scheduled actions in the availability denominators; "
+        "their costs are left out, nothing is imputed.",
+        f"Paired intervals: two-stage bootstrap over families then templates, {inputs.draws} "
+        f"draws, seed {inputs.seed}, 95% percentile interval of the change in median stall.",
+        "A difference under 10% of the larger median is a practical tie.",
+        "See docs/reports.md in the repository for how to read each table and figure.",
+    ]
+
+
+def render_markdown(inputs: ReportInputs, out_dir: Path) -> str:
+    parts = [f"# Report: {inputs.run.campaign}", ""]
+    parts += [f"- {line}" for line in _provenance_lines(inputs.run)]
+    parts += ["", "## Overview", ""] + [f"- {line}" for line in _overview(inputs.run)]
+    parts += ["", "## Conventions", ""] + [f"- {line}" for line in _conventions(inputs)]
+    parts += ["", "## Tables", ""]
+    if not inputs.tables:
+        parts.append("This campaign holds none of the cells the table layouts compare.")
+    for table in inputs.tables:
+        parts.append(to_markdown(table))
+        if table.findings:
+            parts.append("What this shows:")
+            parts += [f"- {finding}" for finding in table.findings]
+        files = ", ".join(f"[{ext}](tables/{table.name}.{ext})" for ext in ("csv", "md", "tex"))
+        parts += ["", f"Files: {files}", ""]
+    parts += ["## Figures", ""]
+    if not inputs.figures:
+        parts.append("No figure applies to this campaign.")
+    for png in inputs.figures:
+        rel = png.relative_to(out_dir).as_posix()
+        svg = png.with_suffix(".svg").relative_to(out_dir).as_posix()
+        parts += [f"![{png.stem}]({rel})", "", f"{_caption(png.stem)} ([SVG]({svg}))", ""]
+    if inputs.notes:
+        parts += ["## Notes", ""] + [f"- {note}" for note in inputs.notes] + [""]
+    config = inputs.run.manifest.get("config")
+    if config is not None:
+        parts += ["## Campaign configuration", "", "```json",
+                  json.dumps(config, indent=2, sort_keys=True, default=str), "```", ""]
+    return "\n".join(parts)
+
+
+_CSS = """body{font-family:system-ui,sans-serif;max-width:70rem;margin:2rem auto;padding:0 1rem;
+line-height:1.4}table{border-collapse:collapse;margin:1rem 0}td,th{border:1px solid #ccc;
+padding:.25rem .5rem;text-align:left}caption{font-weight:600;text-align:left;padding:.3rem 0}
+.prov,.legend{font-size:.85rem;color:#444}img{max-width:100%}pre{background:#f6f6f6;
+padding:.5rem;overflow:auto}"""
+
+
+def render_html(inputs: ReportInputs) -> str:
+    esc = html.escape
+    body = [f"<h1>Report: {esc(inputs.run.campaign)}</h1>", "<ul>"]
+    body += [f"<li>{esc(line)}</li>" for line in _provenance_lines(inputs.run)]
+    body += ["</ul>", "<h2>Overview</h2>", "<ul>"]
+    body += [f"<li>{esc(line)}</li>" for line in _overview(inputs.run)]
+    body += ["</ul>", "<h2>Conventions</h2>", "<ul>"]
+    body += [f"<li>{esc(line)}</li>" for line in _conventions(inputs)]
+    body += ["</ul>", "<h2>Tables</h2>"]
+    if not inputs.tables:
+        body.append("<p>This campaign holds none of the cells the table layouts compare.</p>")
+    for table in inputs.tables:
+        body.append(to_html(table))
+        if table.findings:
+            body.append("<p>What this shows:</p><ul>")
+            body += [f"<li>{esc(f)}</li>" for f in table.findings]
+            body.append("</ul>")
+    body.append("<h2>Figures</h2>")
+    for png in inputs.figures:
+        data = base64.b64encode(png.read_bytes()).decode("ascii")
+        body.append(f'<figure><img alt="{esc(png.stem)}" src="data:image/png;base64,{data}">'
+                    f"<figcaption>{esc(_caption(png.stem))}</figcaption></figure>")
+    if inputs.notes:
+        body += ["<h2>Notes</h2>", "<ul>"] + [f"<li>{esc(n)}</li>" for n in inputs.notes]
+        body.append("</ul>")
+    config = inputs.run.manifest.get("config")
+    if config is not None:
+        text = json.dumps(config, indent=2, sort_keys=True, default=str)
+        body += ["<h2>Campaign configuration</h2>", f"<pre>{esc(text)}</pre>"]
+    title = esc(f"Report: {inputs.run.campaign}")
+    return (f"<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{title}</title><style>{_CSS}</style></head>\n<body>\n"
+            + "\n".join(body) + "\n</body></html>\n")
+
+

@@ -1,0 +1,340 @@
+"""An in-memory twin of a team of nodes, for pure policy tests.
+
+Rules the twin keeps (the same contracts as ``nodes/store.py`` and ``nodes/env.py``):
+
+1. Stores verify every record (digest, signature, author = declared owner) before
+   keeping it; a different record at the same (key, owner, seq) is a ConflictError;
+   an owner's head advances only to a higher sequence; synced heads never go down.
+2. Every remote method of :class:`MemoryEnv` is one "RPC": a direct call into the
+   peer's store, logged as one :class:`Call` (one request, one response). Failures
+   are injected per peer (``down``: PeerUnavailable, ``slow``: RpcTimeout) and answers
+   can be rewritten per (peer, method) with ``forge`` to play a lying peer.
+3. ``fetch`` verifies the record against the requested ID and roster, as the node's
+   client does; ``replan`` replays a decision by writing ``plan/<action>/r<n>``
+   owned by the executor, after running ``during_replan`` (to change inputs meanwhile).
+4. The team drives operations like the controller: ``seed``, ``update`` (then the
+   owner's ``on_update``), ``unit_end``, ``plan`` (handoff to the executor), ``act``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import trio
+
+from protocols.env import ActionOutcome, ActionRequest, LocalStore
+from protocols.errors import (
+    ConflictError,
+    OwnerRuleError,
+    PeerUnavailable,
+    RemoteCallError,
+    RpcTimeout,
+)
+from protocols.identity import CENTRAL_ID, Identity, Member, Roster
+from protocols.policies import make_policy
+from protocols.policies.base import Policy
+from protocols.records import HeadInfo, Record, make_record, verify_record
+
+T = TypeVar("T")
+
+
+class MemoryStore:
+    """A node's store as a few dicts, with the owner rules of ``nodes/store.py``."""
+
+    def __init__(self, agent_id: str, roster: Roster) -> None:
+        self.agent_id = agent_id
+        self.roster = roster
+        self.records: dict[bytes, Record] = {}
+        self.heads: dict[str, HeadInfo] = {}
+        self.synced: dict[str, HeadInfo] = {}
+        self.head_log: list[HeadInfo] = []
+
+    def get(self, record_id: bytes) -> Record | None:
+        return self.records.get(record_id)
+
+    def has(self, record_id: bytes) -> bool:
+        return record_id in self.records
+
+    def install(self, record: Record) -> bool:
+        verify_record(record, self.roster)
+        rid = record.id
+        for other in self.records.values():
+            if (other.key, other.owner, other.seq) == (record.key, record.owner, record.seq) \
+                    and other.id != rid:
+                raise ConflictError(f"{record.key!r} seq {record.seq} held with another ID")
+        if rid in self.records:
+            return False
+        self.records[rid] = record
+        if self.roster.owners.get(record.key) == self.agent_id:
+            current = self.heads.get(record.key)
+            if current is None or record.seq > current.seq:
+                self.heads[record.key] = record.head
+                self.head_log.append(record.head)
+        return True
+
+    def latest(self, key: str) -> HeadInfo | None:
+        versions = [r for r in self.records.values() if r.key == key]
+        return max(versions, key=lambda r: r.seq).head if versions else None
+
+    def head(self, key: str) -> HeadInfo | None:
+        return self.heads.get(key)
+
+    def synced_head(self, key: str) -> HeadInfo | None:
+        return self.synced.get(key)
+
+    def set_synced_head(self, head: HeadInfo) -> None:
+        if self.roster.owners.get(head.key) != head.owner:
+            raise OwnerRuleError(f"announced {head.key!r} names the wrong owner")
+        current = self.synced.get(head.key)
+        if current is not None and head.seq <= current.seq:
+            if head.seq == current.seq and head.record_id != current.record_id:
+                raise ConflictError(f"announced {head.key!r} seq {head.seq} conflicts")
+            return
+        self.synced[head.key] = head
+
+
+@dataclass(frozen=True)
+class Call:
+    src: str
+    dst: str
+    method: str
+
+
+@dataclass
+class MemoryTeam:
+    """N agents (``a0``..), keys ``k000``.. owned round-robin, optional central directory."""
+
+    n_agents: int = 3
+    n_keys: int = 4
+    policy: str = "planfence"
+    seed: int = 7
+    owners: dict[str, str] | None = None
+    calls: list[Call] = field(default_factory=list)
+    down: set[str] = field(default_factory=set)
+    slow: set[str] = field(default_factory=set)
+    forge: dict[tuple[str, str], Callable[[Any], Any]] = field(default_factory=dict)
+    during_replan: Callable[[], Awaitable[None]] | None = None
+
+    def __post_init__(self) -> None:
+        self.agents = [f"a{i}" for i in range(self.n_agents)]
+        self.identities = {a: Identity.derive(a, self.seed)
+                           for a in [*self.agents, CENTRAL_ID]}
+        members = [Member(a, i.public_key, "127.0.0.1", 0) for a, i in self.identities.items()]
+        owners = self.owners or {f"k{j:03d}": self.agents[j % self.n_agents]
+                                 for j in range(self.n_keys)}
+        self.roster = Roster.build(members, owners, self.agents)
+        self.stores = {a: MemoryStore(a, self.roster) for a in self.agents}
+        self.policies: dict[str, Policy] = {a: make_policy(self.policy) for a in self.agents}
+        self.directory: dict[str, HeadInfo] = {}
+        self.replans_made: dict[str, int] = {}
+        self.hook_calls: list[Call] = []
+
+    def env(self, agent: str) -> MemoryEnv:
+        return MemoryEnv(self, agent)
+
+    def count(self, since: int = 0, method: str | None = None) -> int:
+        return sum(1 for c in self.calls[since:] if method is None or c.method == method)
+
+    # --- "RPC" plumbing -----------------------------------------------------------------
+    async def rpc(self, src: str, dst: str, method: str, run: Callable[[], T]) -> T:
+        self.calls.append(Call(src, dst, method))
+        await trio.lowlevel.checkpoint()
+        if dst in self.down:
+            raise PeerUnavailable(f"{dst} is down")
+        if dst in self.slow:
+            raise RpcTimeout(f"{dst} did not answer in time")
+        result = run()
+        rewrite = self.forge.get((dst, method))
+        return rewrite(result) if rewrite is not None else result
+
+    # --- controller operations ----------------------------------------------------------
+    def _write(self, owner: str, key: str, seq: int, parents: Sequence[bytes],
+               content: bytes, rtype: str = "requirement") -> Record:
+        record = make_record(self.identities[owner], key=key, owner=owner, seq=seq,
+                             parents=parents, rtype=rtype, content=content)
+        self.stores[owner].install(record)
+        return record
+
+    async def seed_all(self, *, hooks: bool = True) -> None:
+        """Seed every key at its owner (seq 1) and run ``on_seed`` if ``hooks``."""
+        for key, owner in sorted(self.roster.owners.items()):
+            record = self._write(owner, key, 1, [], f"{key} v1".encode())
+            if hooks:
+                await self.policies[owner].on_seed(self.env(owner), record.head)
+
+    async def update(self, key: str, content: bytes | None = None) -> HeadInfo:
+        owner = self.roster.owner_of(key)
+        store = self.stores[owner]
+        head = store.head(key)
+        assert head is not None, "seed first"
+        record = self._write(owner, key, head.seq + 1, [head.record_id],
+                             content or f"{key} v{head.seq + 1}".encode())
+        await self.policies[owner].on_update(self.env(owner), record.head)
+        return record.head
+
+    async def unit_end(self, unit: int) -> None:
+        for agent in self.agents:
+            await self.policies[agent].at_unit_end(self.env(agent), unit)
+
+    async def plan(self, planner: str, executor: str, action: str, keys: Sequence[str],
+                   *, depth: int = 0) -> ActionRequest:
+        """The planner reads the owners' current inputs, writes plan (and review) records
+        with exact parents, and hands plan + ancestry to the executor."""
+        inputs = []
+        for key in keys:
+            owner = self.roster.owner_of(key)
+            head = self.stores[owner].head(key)
+            assert head is not None
+            record = self.stores[owner].get(head.record_id)
+            assert record is not None
+            self.stores[planner].install(record)
+            inputs.append(record)
+        chain = list(inputs)
+        parents = [r.id for r in sorted(inputs, key=lambda r: r.key)]
+        if depth == 1:
+            review = make_record(self.identities[planner], key=f"review/{action}",
+                                 owner=planner, seq=0, parents=parents, rtype="review",
+                                 content=b"review")
+            chain.append(review)
+            parents = [review.id]
+        plan = make_record(self.identities[planner], key=f"plan/{action}", owner=planner,
+                           seq=0, parents=parents, rtype="plan", content=b"decision")
+        chain.append(plan)
+        for record in chain:
+            self.stores[planner].install(record)
+            self.stores[executor].install(record)
+        return ActionRequest(action, (plan.id,), tuple(keys))
+
+    async def act(self, executor: str, request: ActionRequest) -> ActionOutcome:
+        return await self.policies[executor].validate(self.env(executor), request)
+
+    def invalid(self, outcome: ActionOutcome) -> bool:
+        """Issued while a recorded input differs from its owner's head (the controller's
+        judgement from owner logs), or issued without readable inputs."""
+        if not outcome.released:
+            return False
+        if not outcome.inputs:
+            return True
+        for key, rid in outcome.inputs.items():
+            head = self.stores[self.roster.owner_of(key)].head(key)
+            if head is None or head.record_id != rid:
+                return True
+        return False
+
+
+class MemoryEnv:
+    """:class:`protocols.env.PolicyEnv` for one agent of a :class:`MemoryTeam`."""
+
+    def __init__(self, team: MemoryTeam, agent: str) -> None:
+        self.team = team
+        self.identity = team.identities[agent]
+        self.roster = team.roster
+        self.store: LocalStore = team.stores[agent]
+
+    @property
+    def agent_id(self) -> str:
+        return self.identity.agent_id
+
+    def now(self) -> float:
+        return trio.current_time()
+
+    async def concurrently(self, calls: Sequence[Callable[[], Awaitable[T]]]
+                           ) -> list[T | BaseException]:
+        results: list[T | BaseException] = [RuntimeError("not run")] * len(calls)
+
+        async def run_one(i: int, call: Callable[[], Awaitable[T]]) -> None:
+            try:
+                results[i] = await call()
+            except Exception as exc:
+                results[i] = exc
+
+        async with trio.open_nursery() as nursery:
+            for i, call in enumerate(calls):
+                nursery.start_soon(run_one, i, call)
+        return results
+
+    def _peer(self, peer: str) -> MemoryStore:
+        store = self.team.stores.get(peer)
+        if store is None:
+            raise PeerUnavailable(f"{peer!r} is not a replica")
+        return store
+
+    async def owner_heads(self, owner: str, keys: Sequence[str]) -> dict[str, HeadInfo]:
+        def run() -> dict[str, HeadInfo]:
+            store = self._peer(owner)
+            out = {}
+            for key in keys:
+                if self.roster.owners.get(key) != owner:
+                    raise RemoteCallError("not_owner", f"{owner} does not own {key}")
+                head = store.head(key)
+                if head is not None:
+                    out[key] = head
+            return out
+        return await self.team.rpc(self.agent_id, owner, "heads", run)
+
+    async def fetch(self, peer: str, record_id: bytes) -> Record:
+        def run() -> Record:
+            record = self._peer(peer).get(record_id)
+            if record is None:
+                raise RemoteCallError("unknown_id", "no such record")
+            return record
+        record = await self.team.rpc(self.agent_id, peer, "fetch", run)
+        verify_record(record, self.roster, expected_id=record_id)
+        return record
+
+    async def install_at(self, peer: str, records: Sequence[Record]) -> None:
+        def run() -> None:
+            for record in records:
+                self._peer(peer).install(record)
+        await self.team.rpc(self.agent_id, peer, "install", run)
+
+    async def announce(self, peer: str, heads: Sequence[HeadInfo]) -> None:
+        def run() -> None:
+            for head in heads:
+                self._peer(peer).set_synced_head(head)
+        await self.team.rpc(self.agent_id, peer, "announce", run)
+
+    async def replica_versions(self, peer: str, keys: Sequence[str]) -> dict[str, HeadInfo]:
+        def run() -> dict[str, HeadInfo]:
+            store = self._peer(peer)
+            out = {}
+            for key in keys:
+                latest = store.latest(key)
+                if latest is not None:
+                    out[key] = latest
+            return out
+        return await self.team.rpc(self.agent_id, peer, "versions", run)
+
+    async def central_commit(self, heads: Sequence[HeadInfo]) -> None:
+        def run() -> None:
+            for head in heads:
+                if self.roster.owners.get(head.key) != self.agent_id:
+                    raise RemoteCallError("not_owner", "only the owner commits")
+                current = self.team.directory.get(head.key)
+                if current is None or head.seq > current.seq:
+                    self.team.directory[head.key] = head
+        await self.team.rpc(self.agent_id, CENTRAL_ID, "commit", run)
+
+    async def central_heads(self, keys: Sequence[str]) -> dict[str, HeadInfo]:
+        def run() -> dict[str, HeadInfo]:
+            return {k: self.team.directory[k] for k in keys if k in self.team.directory}
+        return await self.team.rpc(self.agent_id, CENTRAL_ID, "dir_heads", run)
+
+    async def replan(self, request: ActionRequest, inputs: dict[str, bytes]) -> ActionRequest:
+        if self.team.during_replan is not None:
+            await self.team.during_replan()
+        parents = []
+        for key, rid in sorted(inputs.items()):
+            record = self.store.get(rid)
+            assert record is not None, "replan input not installed"
+            assert record.key == key, "replan input is of another key"
+            parents.append(rid)
+        n = self.team.replans_made.get(request.action, 0) + 1
+        self.team.replans_made[request.action] = n
+        plan = make_record(self.identity, key=f"plan/{request.action}/r{n}",
+                           owner=self.agent_id, seq=0, parents=parents, rtype="plan",
+                           content=b"decision")
+        self.store.install(plan)
+        return ActionRequest(request.action, (plan.id,), request.declared)

@@ -1,0 +1,141 @@
+"""`testbed doctor`: real probes, a consistent table, nothing left behind."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from testbed.doctor import (
+    CHECK_NAMES,
+    Check,
+    auto_backend,
+    check_congestion_control,
+    render_doctor,
+    run_doctor,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _our_leftovers() -> list[str]:
+    from pyroute2 import IPRoute
+    from pyroute2 import netns as pr_netns
+
+    tag = f"tbdoc{os.getpid() % 1_000_000}"
+    names = [n for n in pr_netns.listnetns() if n.startswith(tag)]
+    with IPRoute() as ipr:
+        names += [str(link.get_attr("IFLA_IFNAME")) for link in ipr.get_links()
+                  if str(link.get_attr("IFLA_IFNAME")).startswith(tag)]
+    return names
+
+
+def test_doctor_reports_every_check_consistently() -> None:
+    checks = run_doctor()
+    assert tuple(c.name for c in checks) == CHECK_NAMES
+    for c in checks:
+        assert c.detail, c
+        assert "\n" not in c.detail, c
+    by_name = {c.name: c for c in checks}
+    assert by_name["root"].ok == (os.geteuid() == 0)
+    assert by_name["python packages"].ok, by_name["python packages"].detail
+    backend = by_name["backend auto"]
+    choice = auto_backend(checks)
+    assert backend.ok == (choice is not None)
+    if choice is not None:
+        assert backend.detail.startswith(choice)
+    if os.geteuid() != 0:
+        for name in ("netns", "veth", "tun", "netem", "tbf"):
+            assert not by_name[name].ok
+            assert "needs root" in by_name[name].detail
+    assert _our_leftovers() == []
+
+
+@pytest.mark.privileged
+def test_doctor_kernel_probes_as_root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    by_name = {c.name: c for c in run_doctor()}
+    if not by_name["netns"].ok:
+        pytest.skip(f"this host cannot create namespaces: {by_name['netns'].detail}")
+    for name in ("veth", "tun", "netem", "tbf"):
+        check = by_name[name]
+        # a refusal must carry the kernel's errno, success must name what was created
+        assert ("Errno" in check.detail) if not check.ok else ("tbdoc" in check.detail), check
+    if not by_name["netem"].ok and by_name["tun"].ok:
+        assert by_name["backend auto"].detail.startswith("userspace")
+        assert "netem unusable" in by_name["backend auto"].detail
+    assert _our_leftovers() == []
+
+
+@pytest.mark.privileged
+def test_doctor_as_an_unprivileged_user() -> None:
+    """Run the real doctor as `nobody`: kernel probes say 'needs root', nothing raises."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to switch to another user")
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: drop privileges, probe, report, exit without cleanup handlers
+        status = 1
+        try:
+            os.close(read_fd)
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            found = [[c.name, c.ok, c.detail] for c in run_doctor()]
+            os.write(write_fd, json.dumps(found).encode())
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as pipe:
+        payload = pipe.read()
+    _, wait_status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(wait_status) == 0
+    rows = {name: (ok, detail) for name, ok, detail in json.loads(payload)}
+    assert rows["root"][0] is False
+    for name in ("netns", "veth", "tun", "netem", "tbf"):
+        assert rows[name] == (False, "not probed: needs root (run `sudo testbed doctor`)")
+    assert rows["backend auto"][0] is False
+
+
+def test_auto_backend_prefers_netem_then_userspace() -> None:
+    def checks(**ok: bool) -> list[Check]:
+        return [Check(name, ok.get(name, False), "x") for name in ("netns", "veth", "tun", "netem", "tbf")]
+
+    assert auto_backend(checks(netns=True, veth=True, tun=True, netem=True, tbf=True)) == "netem"
+    assert auto_backend(checks(netns=True, veth=True, tun=True, tbf=True)) == "userspace"
+    assert auto_backend(checks(netns=True, veth=True, netem=True)) is None  # no tbf, no tun
+    assert auto_backend(checks(tun=True, netem=True, tbf=True, veth=True)) is None  # no netns
+
+
+def test_congestion_control_check(tmp_path: Path) -> None:
+    avail, default = tmp_path / "avail", tmp_path / "default"
+    avail.write_text("reno bbr cubic\n")
+    default.write_text("bbr\n")
+    good = check_congestion_control(avail, default)
+    assert good.ok
+    assert "host default: bbr" in good.detail
+    avail.write_text("reno bbr\n")
+    missing = check_congestion_control(avail, default)
+    assert not missing.ok
+    assert "cubic" in missing.detail
+    gone = check_congestion_control(tmp_path / "nope", default)
+    assert not gone.ok
+    assert "Errno 2" in gone.detail
+
+
+def test_render_shows_every_row_and_the_choice() -> None:
+    checks = [Check("root", True, "euid 0"), Check("netem", False, "[Errno 2 ENOENT] no"),
+              Check("netns", True, "a"), Check("tun", True, "b")]
+    buf = io.StringIO()
+    render_doctor(checks, Console(file=buf, width=200, color_system=None))
+    out = buf.getvalue()
+    for c in checks:
+        assert c.name in out
+        assert c.detail in out
+    assert "backend auto -> userspace" in out

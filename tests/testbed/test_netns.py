@@ -1,0 +1,132 @@
+"""Namespaces, links, sysctls and the ledger against the real kernel (privileged)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from testbed import netns
+
+pytestmark = pytest.mark.privileged
+
+if os.geteuid() != 0:
+    pytest.skip("needs root for network namespaces", allow_module_level=True)
+if not os.path.exists("/dev/net/tun"):
+    pytest.skip("needs /dev/net/tun", allow_module_level=True)
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Iterator[netns.Ledger]:
+    led = netns.Ledger(netns.new_prefix(), state_dir=tmp_path)
+    yield led
+    led.teardown()
+
+
+def test_prefix_is_checked() -> None:
+    assert netns.check_prefix(netns.new_prefix()).startswith("tb")
+    with pytest.raises(ValueError, match="prefix"):
+        netns.check_prefix("../etc")
+
+
+def test_ledger_removes_in_reverse_and_forgets_its_state_file(ledger: netns.Ledger) -> None:
+    name = f"{ledger.prefix}-x"
+    ledger.record_netns(name)
+    netns.create_netns(name)
+    ifname = f"{ledger.prefix}t0"
+    ledger.record_link(ifname, name)
+    fd = netns.open_tun(ifname)
+    try:
+        netns.move_link(ifname, name)
+        netns.configure_host_link(name, ifname, "198.18.0.1")
+        assert ifname in netns.list_links(name)
+        assert json.loads(ledger.path.read_text())["entries"][-1]["name"] == ifname
+    finally:
+        os.close(fd)  # a non-persistent TUN device goes away with its fd
+    removed = ledger.teardown()
+    assert removed == [f"netns {name}"]  # the link had already gone with its fd
+    assert name not in netns.list_netns()
+    assert not ledger.path.exists()
+
+
+def test_ledger_refuses_names_without_its_prefix(ledger: netns.Ledger) -> None:
+    with pytest.raises(ValueError, match="prefix"):
+        ledger.record_netns("somebody-elses")
+
+
+def test_kernel_errors_keep_their_errno(ledger: netns.Ledger) -> None:
+    name = f"{ledger.prefix}-dup"
+    ledger.record_netns(name)
+    netns.create_netns(name)
+    with pytest.raises(netns.KernelError) as info:
+        netns.create_netns(name)
+    assert info.value.errno == errno.EEXIST
+    assert name in str(info.value)
+    with pytest.raises(netns.KernelError) as info2:
+        netns.move_link(f"{ledger.prefix}nope", name)
+    assert info2.value.errno == errno.ENODEV
+
+
+def test_sysctl_and_sockets_are_per_namespace(ledger: netns.Ledger) -> None:
+    name = f"{ledger.prefix}-s"
+    ledger.record_netns(name)
+    netns.create_netns(name)
+    root_value = netns.get_sysctl(None, "net.ipv4.tcp_no_metrics_save")
+    new_value = "0" if root_value == "1" else "1"
+    netns.set_sysctl(name, "net.ipv4.tcp_no_metrics_save", new_value)
+    assert netns.get_sysctl(name, "net.ipv4.tcp_no_metrics_save") == new_value
+    assert netns.get_sysctl(None, "net.ipv4.tcp_no_metrics_save") == root_value
+    # lo is down in a fresh namespace: nothing is reachable from a socket born there
+    sock = netns.socket_in_netns(name, socket.AF_INET, socket.SOCK_DGRAM)
+    with sock, pytest.raises(OSError, match="unreachable") as info:
+        sock.connect(("127.0.0.1", 9))
+    assert info.value.errno == errno.ENETUNREACH
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as root_sock:
+        root_sock.connect(("127.0.0.1", 9))  # the same call works in the root namespace
+
+
+def test_clean_all_undoes_only_dead_owners(tmp_path: Path) -> None:
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    dead_pid = int(dead.stdout)
+    orphan = netns.Ledger(netns.new_prefix(), owner_pid=dead_pid, state_dir=tmp_path)
+    live = netns.Ledger(netns.new_prefix(), state_dir=tmp_path)  # owned by this process
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        orphan.record_netns(f"{orphan.prefix}-o")
+        netns.create_netns(f"{orphan.prefix}-o")
+        orphan.record_process(sleeper.pid)
+        live.record_netns(f"{live.prefix}-l")
+        netns.create_netns(f"{live.prefix}-l")
+        removed = netns.clean_all(tmp_path)
+        assert removed == [f"process {sleeper.pid}", f"netns {orphan.prefix}-o"]
+        assert netns.process_start_ticks(sleeper.pid) is None  # stopped and reaped
+        assert f"{live.prefix}-l" in netns.list_netns()
+        assert live.path.exists()
+        assert not orphan.path.exists()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        live.teardown()
+        orphan.teardown()
+    assert f"{live.prefix}-l" not in netns.list_netns()
+
+
+def test_clean_all_does_not_kill_a_reused_pid(tmp_path: Path) -> None:
+    orphan = netns.Ledger(netns.new_prefix(), owner_pid=2**22 + 1, state_dir=tmp_path)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        orphan.entries.append({"kind": "process", "pid": sleeper.pid, "start_ticks": 1})
+        orphan._save()
+        assert netns.clean_all(tmp_path) == []
+        assert sleeper.poll() is None  # a different start time: not ours, left alone
+    finally:
+        sleeper.kill()
+        sleeper.wait()
