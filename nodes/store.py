@@ -53,6 +53,9 @@ CREATE TABLE IF NOT EXISTS head_log (
 """
 
 
+_CACHED_CONTENT_BYTES = 64 * 1024
+
+
 def _pack_parents(parents: Sequence[bytes]) -> bytes:
     return b"".join(parents)
 
@@ -87,6 +90,10 @@ class SqliteStore:
         self._db.executescript("BEGIN;" + _SCHEMA + "COMMIT;")
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(f"PRAGMA synchronous={DURABILITY_MODES[durability]}")
+        # Records are immutable and named by their digest, so a record read once can be
+        # served from memory afterwards (the frontier re-reads the same ancestry on
+        # every pass). Only committed records enter; large artifacts stay on disk.
+        self._records: dict[bytes, Record] = {}
 
     # --- lifecycle -------------------------------------------------------------------
     def close(self) -> None:
@@ -101,13 +108,22 @@ class SqliteStore:
 
     # --- reads -----------------------------------------------------------------------
     def get(self, record_id: bytes) -> Record | None:
+        cached = self._records.get(record_id)
+        if cached is not None:
+            return cached
         row = self._db.execute(
             "SELECT key, owner, seq, parents, rtype, content, author, sig FROM records "
             "WHERE id = ?", (record_id,)).fetchone()
         if row is None:
             return None
         key, owner, seq, parents, rtype, content, author, sig = row
-        return Record(key, owner, seq, _unpack_parents(parents), rtype, content, author, sig)
+        record = Record(key, owner, seq, _unpack_parents(parents), rtype, content, author, sig)
+        self._remember(record)
+        return record
+
+    def _remember(self, record: Record) -> None:
+        if len(record.content) <= _CACHED_CONTENT_BYTES:
+            self._records[record.id] = record
 
     def has(self, record_id: bytes) -> bool:
         return self._db.execute("SELECT 1 FROM records WHERE id = ?",
@@ -164,6 +180,8 @@ class SqliteStore:
         except BaseException:
             self._db.execute("ROLLBACK")
             raise
+        for record in batch:
+            self._remember(record)
         return new
 
     def _install_one(self, record: Record) -> int:

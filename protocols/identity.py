@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from nacl.signing import SigningKey, VerifyKey
 
@@ -31,7 +32,7 @@ class Identity:
         material = f"planfence-testbed/identity/{campaign_seed}/{agent_id}".encode()
         return cls(agent_id, hashlib.blake2b(material, digest_size=32).digest())
 
-    @property
+    @cached_property
     def signing_key(self) -> SigningKey:
         return SigningKey(self.seed)
 

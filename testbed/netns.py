@@ -56,7 +56,7 @@ class KernelError(OSError):
         super().__init__(code, f"{operation}: [{name}] {os.strerror(code)}")
 
 
-def _netlink(operation: str, fn: Callable[[], T]) -> T:
+def kernel_call(operation: str, fn: Callable[[], T]) -> T:
     """Run one pyroute2 call, turning NetlinkError/OSError into KernelError with its errno."""
     try:
         return fn()
@@ -90,7 +90,7 @@ def create_netns(name: str) -> None:
     """Create a namespace mounted at /var/run/netns/NAME (as `ip netns add` does)."""
     if name in pr_netns.listnetns():
         raise KernelError(errno.EEXIST, f"create netns {name}")
-    _netlink(f"create netns {name}", lambda: pr_netns.create(name))
+    kernel_call(f"create netns {name}", lambda: pr_netns.create(name))
 
 
 def remove_netns(name: str) -> bool:
@@ -109,18 +109,18 @@ def remove_netns(name: str) -> bool:
 def _ipr(netns: str | None) -> IPRoute:
     if netns is None:
         return IPRoute()
-    return _netlink(f"open netlink in {netns}", lambda: IPRoute(netns=netns))
+    return kernel_call(f"open netlink in {netns}", lambda: IPRoute(netns=netns))
 
 
 def link_index(ifname: str, netns: str | None = None) -> int | None:
     with _ipr(netns) as ipr:
-        found = _netlink(f"lookup {ifname}", lambda: ipr.link_lookup(ifname=ifname))
+        found = kernel_call(f"lookup {ifname}", lambda: ipr.link_lookup(ifname=ifname))
     return int(found[0]) if found else None
 
 
 def list_links(netns: str | None = None) -> list[str]:
     with _ipr(netns) as ipr:
-        links = _netlink("list links", lambda: ipr.get_links())
+        links = kernel_call("list links", lambda: ipr.get_links())
         return [str(link.get_attr("IFLA_IFNAME")) for link in links]
 
 
@@ -163,10 +163,10 @@ def open_tun(ifname: str) -> int:
 
 def move_link(ifname: str, netns: str) -> None:
     with IPRoute() as ipr:
-        found = _netlink(f"lookup {ifname}", lambda: ipr.link_lookup(ifname=ifname))
+        found = kernel_call(f"lookup {ifname}", lambda: ipr.link_lookup(ifname=ifname))
         if not found:
             raise KernelError(errno.ENODEV, f"move {ifname} to {netns}")
-        _netlink(
+        kernel_call(
             f"move {ifname} to {netns}",
             lambda: ipr.link("set", index=found[0], net_ns_fd=netns),
         )
@@ -175,22 +175,22 @@ def move_link(ifname: str, netns: str) -> None:
 def configure_host_link(netns: str, ifname: str, address: str, *, mtu: int = 1500) -> None:
     """Inside NETNS: lo up, IFNAME up with ADDRESS/32 and 198.18.0.0/15 routed through it."""
     with _ipr(netns) as ipr:
-        lo = _netlink("lookup lo", lambda: ipr.link_lookup(ifname="lo"))[0]
-        _netlink(f"{netns}: set lo up", lambda: ipr.link("set", index=lo, state="up"))
-        idx = _netlink(f"lookup {ifname}", lambda: ipr.link_lookup(ifname=ifname))
+        lo = kernel_call("lookup lo", lambda: ipr.link_lookup(ifname="lo"))[0]
+        kernel_call(f"{netns}: set lo up", lambda: ipr.link("set", index=lo, state="up"))
+        idx = kernel_call(f"lookup {ifname}", lambda: ipr.link_lookup(ifname=ifname))
         if not idx:
             raise KernelError(errno.ENODEV, f"{netns}: configure {ifname}")
         index = idx[0]
-        _netlink(
+        kernel_call(
             f"{netns}: set {ifname} mtu {mtu}",
             lambda: ipr.link("set", index=index, mtu=mtu),
         )
-        _netlink(
+        kernel_call(
             f"{netns}: add {address}/32 to {ifname}",
             lambda: ipr.addr("add", index=index, address=address, prefixlen=32),
         )
-        _netlink(f"{netns}: set {ifname} up", lambda: ipr.link("set", index=index, state="up"))
-        _netlink(
+        kernel_call(f"{netns}: set {ifname} up", lambda: ipr.link("set", index=index, state="up"))
+        kernel_call(
             f"{netns}: route {TEST_NET}/{TEST_NET_LEN} via {ifname}",
             lambda: ipr.route("add", dst=TEST_NET, dst_len=TEST_NET_LEN, oif=index),
         )

@@ -222,3 +222,26 @@ def frontier_known(env: PolicyEnv, captured: Mapping[str, bytes],
                    frontier: Mapping[str, bytes]) -> list[HeadInfo]:
     """Owner-signed versions of the declared keys this pass already holds (C and F)."""
     return known_versions(env, [*captured.values(), *frontier.values()])
+
+
+class OwnerQueryPolicy(DerivationPolicy):
+    """A derivation-current policy that asks the owners directly at action time.
+
+    Subclasses choose the scope of the query (:meth:`query_scope`) and whether it is
+    one request per key or one per owner (``per_key``); only the declared keys are
+    compared either way.
+    """
+
+    #: One request per key (False: one per owner over the keys in scope).
+    per_key = True
+
+    def query_scope(self, env: PolicyEnv, request: ActionRequest) -> list[str]:
+        raise NotImplementedError
+
+    async def obtain_heads(self, env: PolicyEnv, request: ActionRequest,
+                           captured: Mapping[str, bytes], frontier: Mapping[str, bytes],
+                           tally: Tally) -> Evidence:
+        known = frontier_known(env, captured, frontier)
+        heads = await query_owners(env, self.query_scope(env, request), known, tally,
+                                   per_key=self.per_key)
+        return Evidence({k: heads[k] for k in request.declared})

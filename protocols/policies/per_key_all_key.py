@@ -9,29 +9,17 @@ nothing.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from protocols.env import ActionRequest, PolicyEnv
 from protocols.policies import register
-from protocols.policies._derivation import (
-    DerivationPolicy,
-    Evidence,
-    Tally,
-    frontier_known,
-    query_owners,
-)
+from protocols.policies._derivation import OwnerQueryPolicy
 
 
 @register
-class PerKeyAllKey(DerivationPolicy):
+class PerKeyAllKey(OwnerQueryPolicy):
     """On path: |X| per-key owner queries per pass, fetches. Off path: nothing."""
 
     name = "per_key_all_key"
     per_key = True
 
-    async def obtain_heads(self, env: PolicyEnv, request: ActionRequest,
-                           captured: Mapping[str, bytes], frontier: Mapping[str, bytes],
-                           tally: Tally) -> Evidence:
-        known = frontier_known(env, captured, frontier)
-        heads = await query_owners(env, env.roster.keys, known, tally, per_key=self.per_key)
-        return Evidence({k: heads[k] for k in request.declared})
+    def query_scope(self, env: PolicyEnv, request: ActionRequest) -> list[str]:
+        return list(env.roster.keys)

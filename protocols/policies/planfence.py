@@ -7,31 +7,17 @@ Off the path: nothing (no hook does work).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from protocols.env import ActionRequest, PolicyEnv
 from protocols.policies import register
-from protocols.policies._derivation import (
-    DerivationPolicy,
-    Evidence,
-    Tally,
-    frontier_known,
-    query_owners,
-)
+from protocols.policies._derivation import OwnerQueryPolicy
 
 
 @register
-class PlanFence(DerivationPolicy):
+class PlanFence(OwnerQueryPolicy):
     """On path: d per-key owner queries per pass, fetches. Off path: nothing."""
 
     name = "planfence"
-    #: One request per declared key (False: one per owner over the declared keys).
     per_key = True
 
-    async def obtain_heads(self, env: PolicyEnv, request: ActionRequest,
-                           captured: Mapping[str, bytes], frontier: Mapping[str, bytes],
-                           tally: Tally) -> Evidence:
-        known = frontier_known(env, captured, frontier)
-        heads = await query_owners(env, list(request.declared), known, tally,
-                                   per_key=self.per_key)
-        return Evidence(heads)
+    def query_scope(self, env: PolicyEnv, request: ActionRequest) -> list[str]:
+        return list(request.declared)

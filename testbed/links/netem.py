@@ -42,7 +42,7 @@ import trio
 
 from testbed.links.profiles import LinkSpec, NetworkProfile
 from testbed.links.traces import MTU_BYTES, Trace, kbit_per_opportunity_ms, load_named
-from testbed.netns import KernelError, Ledger
+from testbed.netns import KernelError, Ledger, kernel_call
 
 __all__ = [
     "DEFAULT_INTERVAL_MS",
@@ -173,16 +173,7 @@ def plan_direction(link: LinkSpec, direction: str) -> DirectionPlan:
 
 def _kernel(operation: str, fn: Callable[[], T]) -> T:
     """Run one pyroute2 call; failures become KernelError with the kernel's errno."""
-    from pyroute2 import NetlinkError
-
-    try:
-        return fn()
-    except NetlinkError as exc:
-        raise KernelError(int(exc.code), operation) from exc
-    except KernelError:
-        raise
-    except OSError as exc:
-        raise KernelError(exc.errno or errno.EIO, operation) from exc
+    return kernel_call(operation, fn)
 
 
 def _errno_text(exc: BaseException) -> str:
