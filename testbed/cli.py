@@ -84,7 +84,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     run_dir = Path(args.dir)
     if not (run_dir / "episodes.parquet").exists():
-        raise UserError(f"report: {run_dir} has no episodes.parquet "
+        raise UserError(f"{run_dir} has no episodes.parquet "
                         "(run a campaign into it first, or finish it with --resume)")
     summary = build_report(run_dir, draws=args.draws, seed=args.seed, console=_console())
     _console().print(f"report: {run_dir / 'report.md'} ({len(summary.get('tables', []))} "
@@ -110,7 +110,7 @@ def _load_script(name: str) -> ModuleType:
     path = REPO_ROOT / "scripts" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(f"_testbed_script_{name}", path)
     if spec is None or spec.loader is None or not path.exists():
-        raise UserError(f"bench: {path} is missing from this checkout")
+        raise UserError(f"{path} is missing from this checkout")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -317,3 +317,40 @@ def _cancel_on_sigterm(scope: trio.CancelScope) -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+class Network:
+    """A Mininet-style handle on :func:`open_topology` for scripts and notebooks.
+
+    ``net = Network(profile, agents); topo = await net.start(); ...; await net.stop()``,
+    or ``async with Network(profile, agents) as topo:``. ``start`` and ``stop`` must run
+    in the same trio task; ``stop`` removes everything ``start`` created and is safe to
+    call twice. Prefer ``open_topology`` inside structured code.
+    """
+
+    def __init__(self, profile: NetworkProfile, agents: Sequence[str], **options: Any) -> None:
+        self.profile = profile
+        self.agents = list(agents)
+        self.options = options
+        self.topology: Topology | None = None
+        self._stack: contextlib.AsyncExitStack | None = None
+
+    async def start(self) -> Topology:
+        if self._stack is not None:
+            raise TopologyError("network: already started")
+        stack = contextlib.AsyncExitStack()
+        self.topology = await stack.enter_async_context(
+            open_topology(self.profile, self.agents, **self.options))
+        self._stack = stack
+        return self.topology
+
+    async def stop(self) -> None:
+        stack, self._stack, self.topology = self._stack, None, None
+        if stack is not None:
+            await stack.aclose()
+
+    async def __aenter__(self) -> Topology:
+        return await self.start()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()

@@ -15,7 +15,7 @@ import trio
 from testbed import netns
 from testbed.bench_link import open_echo_server, timed_exchanges
 from testbed.links.profiles import get_profile
-from testbed.topology import TopologyError, open_topology, plan_topology
+from testbed.topology import Network, TopologyError, open_topology, plan_topology
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -209,3 +209,23 @@ async def test_trace_outage_holds_packets_and_restart_replays_it() -> None:
     # on each replay: restart_trace puts the trace clock back into the outage
     for ms_round in rounds:
         assert ms_round >= first_up_ms + 2 * 80.0 - 1.0
+
+
+@pytest.mark.privileged
+async def test_network_start_stop_is_the_same_topology() -> None:
+    _privileged()
+    net = Network(get_profile("fixed", delay_ms=5), ["a", "b"], backend="userspace")
+    topo = await net.start()
+    prefix = topo.prefix
+    try:
+        assert _leftovers(prefix)  # namespaces and links exist while it runs
+        with pytest.raises(TopologyError, match="already started"):
+            await net.start()
+        async with open_echo_server(topo.hosts["b"]):
+            _, ms = await timed_exchanges(topo.hosts["a"], topo.hosts["b"], 100, 100,
+                                          count=2, fresh=False)
+        assert min(ms) >= 20.0  # physics: four 5 ms crossings
+    finally:
+        await net.stop()
+    await net.stop()  # idempotent
+    assert _leftovers(prefix) == []
