@@ -18,9 +18,11 @@ Rules this module obeys (pure: no I/O, no clock, every choice from a seeded gene
    rho = 4 for T = 16/64/256 (the final burst of updates is truncated at the horizon).
 5. Layout: one event per work unit. Action i is a block ``Plan, u_i updates, Act``;
    blocks follow each other, unused units stay idle at the end. Updates are spread
-   over blocks as evenly as possible (which blocks get the remainder is seeded). The
-   first update of a block writes one of the action's declared keys (a relevant
-   update), the others write keys drawn uniformly from the keyspace. So when
+   over blocks as evenly as possible (which blocks get the remainder is seeded). One
+   update of each block, at a seeded position, writes one of the action's declared
+   keys (a relevant update), the others write keys drawn uniformly from the keyspace.
+   Its position matters to delayed synchronisation: a relevant update just before the
+   action is still unannounced at the action when the barrier interval K > 1. So when
    U >= A (rho >= 1) a relevant update lands between planning and every protected
    action; at rho = 0.25 only U of the A actions see one.
 6. Record contents are deterministic pseudo-random bytes (cheap to generate), sized
@@ -258,8 +260,9 @@ def generate_schedule(*, seed: int, family: str, template: str, agents: int = 5,
         events.append(Plan(unit, action, agent_ids[planner], agent_ids[executor], declared,
                            shape.depth, decision))
         unit += 1
+        relevant_at = rng.randrange(per_block[index]) if per_block[index] else -1
         for n in range(per_block[index]):
-            key = rng.choice(declared) if n == 0 else rng.choice(key_ids)
+            key = rng.choice(declared) if n == relevant_at else rng.choice(key_ids)
             versions[key] += 1
             events.append(Update(unit, key, owners[key], rtype,
                                  content(f"{key}/v{versions[key]}")))

@@ -170,7 +170,7 @@ def test_demo_preset_matches_the_issue() -> None:
                                         "centralized_lineage", "owner_head_freshness"}
     assert {c.network for c in cells} == {"loopback", "att"}
     assert {c.rho for c in cells} == {1.0, 4.0}
-    assert {(c.agents, c.keys, c.connection) for c in cells} == {(5, 8, "fresh")}
+    assert {(c.agents, c.keys, c.connection) for c in cells} == {(5, 8, "reuse")}
     assert demo.templates == ("reservation-01", "fulfillment-01", "deployment-01")
 
 
