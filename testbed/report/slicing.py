@@ -66,6 +66,8 @@ def slice_for(
             frame = frame[_matches(frame[column], value)]
             fixed[column] = value
     free_set = set(free) | {"policy"}
+    if "network" in free_set:  # the backend follows the network (loopback runs with none)
+        free_set.add("backend")
     for column in CELL_COLUMNS:
         if column in free_set or column in fixed or column not in frame or frame.empty:
             continue

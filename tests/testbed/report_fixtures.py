@@ -154,7 +154,9 @@ def make_campaign(
             recorded = n_actions // 2 if aborted else n_actions
             digest = f"{cell['agents']}-{cell['keys']}-{cell['deps']}-{cell['rho']}-" \
                 f"{cell['units']}-{template}"
-            common = {"campaign": name, "cell": cell_id, "backend": backend, **cell,
+            # as the runner does: loopback needs no link backend
+            cell_backend = "none" if cell["network"] == "loopback" else backend
+            common = {"campaign": name, "cell": cell_id, "backend": cell_backend, **cell,
                       "episode": f"e{episode_id:05d}", "family": family, "template": template,
                       "schedule_digest": digest}
             stall = stall_level * effect[template] * float(rng.lognormal(0.0, 0.05))
