@@ -36,6 +36,30 @@ def decision_content(action: str, inputs: Sequence[Record], decision: str | byte
                           "inputs": digest.digest()}, use_bin_type=True)
 
 
+async def run_concurrently(calls: Sequence[Callable[[], Awaitable[T]]]
+                           ) -> list[T | BaseException]:
+    """Run independent calls at once; each result, or the exception it raised, in order.
+
+    This is ``PolicyEnv.concurrently`` for every trio-based environment (the node's and
+    the tests' in-memory twin).
+    """
+    results: list[T | BaseException] = [RuntimeError("not run")] * len(calls)
+
+    async def run_one(i: int, call: Callable[[], Awaitable[T]]) -> None:
+        try:
+            results[i] = await call()
+        except Exception as exc:  # reported to the policy, which fails closed
+            results[i] = exc
+
+    if len(calls) == 1:  # nothing to overlap: skip the nursery's task switches
+        await run_one(0, calls[0])
+        return results
+    async with trio.open_nursery() as nursery:
+        for i, call in enumerate(calls):
+            nursery.start_soon(run_one, i, call)
+    return results
+
+
 class NodeEnv:
     """PolicyEnv over a node's store and RPC client."""
 
@@ -62,21 +86,7 @@ class NodeEnv:
 
     async def concurrently(self, calls: Sequence[Callable[[], Awaitable[T]]]
                            ) -> list[T | BaseException]:
-        results: list[T | BaseException] = [RuntimeError("not run")] * len(calls)
-
-        async def run_one(i: int, call: Callable[[], Awaitable[T]]) -> None:
-            try:
-                results[i] = await call()
-            except Exception as exc:  # reported to the policy, which fails closed
-                results[i] = exc
-
-        if len(calls) == 1:  # nothing to overlap: skip the nursery's task switches
-            await run_one(0, calls[0])
-            return results
-        async with trio.open_nursery() as nursery:
-            for i, call in enumerate(calls):
-                nursery.start_soon(run_one, i, call)
-        return results
+        return await run_concurrently(calls)
 
     # --- data plane --------------------------------------------------------------
     async def owner_heads(self, owner: str, keys: Sequence[str]) -> dict[str, HeadInfo]:

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 import trio
 
+from nodes.env import run_concurrently
 from protocols.env import ActionOutcome, ActionRequest, LocalStore
 from protocols.errors import (
     ConflictError,
@@ -242,18 +243,7 @@ class MemoryEnv:
 
     async def concurrently(self, calls: Sequence[Callable[[], Awaitable[T]]]
                            ) -> list[T | BaseException]:
-        results: list[T | BaseException] = [RuntimeError("not run")] * len(calls)
-
-        async def run_one(i: int, call: Callable[[], Awaitable[T]]) -> None:
-            try:
-                results[i] = await call()
-            except Exception as exc:
-                results[i] = exc
-
-        async with trio.open_nursery() as nursery:
-            for i, call in enumerate(calls):
-                nursery.start_soon(run_one, i, call)
-        return results
+        return await run_concurrently(calls)
 
     def _peer(self, peer: str) -> MemoryStore:
         store = self.team.stores.get(peer)
