@@ -48,10 +48,6 @@ from testbed.workload import Act, Plan, Schedule, Seed, Update
 HeadLog = dict[str, tuple[list[int], list[bytes]]]  # key -> (sorted t_ns, record ids)
 
 
-def agent_names(count: int) -> list[str]:
-    return [f"a{i}" for i in range(count)]
-
-
 def has_unit_end_hook(policy: str) -> bool:
     """Whether a policy does work after every unit (so the runner must call it)."""
     return type(make_policy(policy)).at_unit_end is not Policy.at_unit_end
@@ -242,15 +238,16 @@ class EpisodeRunner:
         # The campaign's delay option sets the one-way delay of every shaped access link.
         delay_ms = None if key.network == "loopback" else options.delay_ms
         profile = get_profile(key.network, delay_ms=delay_ms)
-        agents = agent_names(key.agents)
-        workdir = Path(tempfile.mkdtemp(prefix="planfence-", dir=self.workdir_root))
         first = cells[0]
+        # The workload names the agents and owns the keys; the team follows it.
+        first_schedule = self.campaign.schedule(first, self.campaign.templates[0])
+        agents = list(first_schedule.agents)
+        workdir = Path(tempfile.mkdtemp(prefix="planfence-", dir=self.workdir_root))
         try:
             async with open_topology(profile, agents, central=key.central,
                                      trace_offset_s=key.trace_offset_s,
                                      backend=self.backend, seed=self.campaign.seed) as topo:
                 hosts = {name: (host.netns, host.address) for name, host in topo.hosts.items()}
-                first_schedule = self.campaign.schedule(first, self.campaign.templates[0])
                 async with open_team(agents=agents, central=key.central, hosts=hosts,
                                      workdir=workdir, campaign_seed=self.campaign.seed,
                                      connection=first.connection, policy=first.policy,
