@@ -14,7 +14,19 @@ Rules this module obeys:
    marked started before it runs and committed by renaming its episode shard; on
    ``--resume`` every committed episode is skipped, every other one (never started,
    or started and killed) runs.
-5. An aborted episode (the runner raised :class:`EpisodeAborted`, or it outlived
+5. ``--extend`` is ``--resume`` for a campaign that has grown: same name, seed and
+   options, every template and cell of the existing run still present; the new cells
+   and templates run, the committed episodes are kept (schedules depend only on the
+   seed, the template and the cell, so old and new episodes are paired as if the grid
+   had been that large from the start).
+6. ``jobs > 1`` runs that many groups at once, each on its own topology (own run
+   prefix, namespaces, emulator and node processes). Work is split per (group,
+   template), so a template's policies still run back to back on one topology. On an
+   emulated LTE link an episode spends almost all of its time waiting on the link
+   (about 5% of one core for a whole team), so lanes do not contend; on loopback they
+   would, and stall there is CPU time, so keep ``jobs = 1`` for loopback cells whose
+   milliseconds matter (docs/campaigns.md).
+7. An aborted episode (the runner raised :class:`EpisodeAborted`, or it outlived
    ``options.episode_timeout_s`` by :data:`BACKSTOP_GRACE_S`) is recorded with
    ``aborted = True`` and its reason, no action rows and no costs (nothing imputed);
    its ``scheduled_actions`` keep its slots in availability denominators. The group's
@@ -29,7 +41,7 @@ import math
 import re
 import time
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field, replace
 from importlib import resources
@@ -528,23 +540,30 @@ class RunSummary:
 
 
 async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
-                       runner: Runner, console: Console) -> RunSummary:
+                       runner: Runner, console: Console, extend: bool = False,
+                       jobs: int = 1) -> RunSummary:
     """Run every not-yet-committed episode of ``campaign`` into ``out_dir``."""
+    if not (isinstance(jobs, int) and jobs >= 1):
+        raise CampaignError(f"jobs: {jobs!r} is not allowed; allowed: an integer >= 1")
     run_dir = RunDir(out_dir)
+    extended_from: dict[str, int] | None = None
     if not run_dir.is_empty():
-        if not resume:
+        if not (resume or extend):
             raise CampaignError(f"{run_dir.path}: not empty; pass --resume to finish that run "
-                                "or choose another --out")
-        _check_same_campaign(run_dir, campaign)
+                                "(or --extend to grow it) or choose another --out")
+        extended_from = _check_same_campaign(run_dir, campaign, extend=extend)
     t0 = time.monotonic()
     run_dir.open()
     status = "interrupted"
-    ran = aborted = 0
+    counts = {"ran": 0, "aborted": 0}
     progress = _progress(console)
     try:
         previous = run_dir.read_manifest()
         sessions = previous.get("sessions", [])
-        session = {"started_at": _now(), "resume": bool(sessions)}
+        session: dict[str, Any] = {"started_at": _now(), "resume": bool(sessions),
+                                   "jobs": jobs}
+        if extended_from is not None:
+            session["extended_from"] = extended_from
         run_dir.update_manifest(
             started_at=previous.get("started_at", session["started_at"]),
             campaign=campaign.name, source=campaign.source, config=campaign.config(),
@@ -556,24 +575,32 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
         task = progress.add_task("episodes", total=len(episodes),
                                  completed=len(episodes) - len(todo))
         progress.start()
-        schedules = _ScheduleCache(campaign)
-        for gkey, items_iter in itertools.groupby(todo, key=lambda e: e[0].group_key):
-            pending = list(items_iter)
-            while pending:
-                cells = list(dict.fromkeys(c for c, _ in pending))
-                async with runner.open_group(gkey, cells) as group:
-                    _note_group(run_dir, gkey, group)
-                    while pending:
-                        cell, template = pending.pop(0)
-                        key = episode_key(cell, template)
-                        progress.update(task, description=key)
-                        was_aborted = await _run_one(campaign, run_dir, group, cell,
-                                                     schedules.get(cell, template), key)
-                        ran += 1
-                        aborted += was_aborted
-                        progress.advance(task)
-                        if was_aborted:
-                            break  # rebuild the topology and processes before going on
+        units = _work_units(todo, jobs)
+
+        async def lane() -> None:
+            schedules = _ScheduleCache(campaign)
+            while units:
+                gkey, pending = units.pop(0)
+                while pending:
+                    cells = list(dict.fromkeys(c for c, _ in pending))
+                    async with runner.open_group(gkey, cells) as group:
+                        _note_group(run_dir, gkey, group)
+                        while pending:
+                            cell, template = pending.pop(0)
+                            key = episode_key(cell, template)
+                            progress.update(task, description=key)
+                            was_aborted = await _run_one(campaign, run_dir, group, cell,
+                                                         schedules.get(cell, template), key)
+                            counts["ran"] += 1
+                            counts["aborted"] += was_aborted
+                            progress.advance(task)
+                            if was_aborted:
+                                break  # rebuild the topology and processes before going on
+
+        if jobs == 1:
+            await lane()
+        else:
+            await _run_lanes(lane, min(jobs, len(units)))
         status = "complete"
     finally:
         progress.stop()
@@ -586,8 +613,45 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
         run_dir.close()
     if status == "complete":
         print_summary(run_dir.path, console)
-    return RunSummary(run_dir.path, len(campaign.episodes()), len(done), ran, aborted,
-                      time.monotonic() - t0)
+    return RunSummary(run_dir.path, len(campaign.episodes()), len(done), counts["ran"],
+                      counts["aborted"], time.monotonic() - t0)
+
+
+WorkUnit = tuple[GroupKey, list[tuple[Cell, str]]]
+
+
+def _work_units(todo: Sequence[tuple[Cell, str]], jobs: int) -> list[WorkUnit]:
+    """What one lane runs on one topology: a whole group, or with several lanes one
+    (group, template) slice of it, so that paired policies stay back to back."""
+    def unit_key(item: tuple[Cell, str]) -> Any:
+        cell, template = item
+        return cell.group_key if jobs == 1 else (cell.group_key, template)
+
+    return [(items[0][0].group_key, items)
+            for items in (list(g) for _, g in itertools.groupby(todo, key=unit_key))]
+
+
+async def _run_lanes(lane: Callable[[], Awaitable[None]], count: int) -> None:
+    """Run ``count`` lanes in one nursery; a failure in one stops all of them (their
+    episodes stay "started" and run again on --resume). A single failure is re-raised
+    as itself, not as an exception group, so callers see the same errors as with one
+    lane."""
+    try:
+        async with trio.open_nursery() as nursery:
+            for _ in range(count):
+                nursery.start_soon(lane)
+    except BaseExceptionGroup as group:
+        leaves = [e for e in _leaves(group) if not isinstance(e, trio.Cancelled)]
+        if len(leaves) == 1:
+            raise leaves[0] from None
+        raise
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out
 
 
 class _ScheduleCache:
@@ -676,7 +740,10 @@ def _note_group(run_dir: RunDir, gkey: GroupKey, group: Group) -> None:
     run_dir.update_manifest(groups=groups, backend=", ".join(backends))
 
 
-def _check_same_campaign(run_dir: RunDir, campaign: Campaign) -> None:
+def _check_same_campaign(run_dir: RunDir, campaign: Campaign, *,
+                         extend: bool) -> dict[str, int] | None:
+    """Refuse to resume (or extend) a directory that holds another campaign. With
+    ``extend`` returns the size of the run being grown."""
     try:
         manifest = run_dir.read_manifest()
     except (ValueError, OSError) as exc:
@@ -687,10 +754,33 @@ def _check_same_campaign(run_dir: RunDir, campaign: Campaign) -> None:
         raise CampaignError(f"{run_dir.path}: no campaign manifest; --resume needs a directory "
                             "written by `testbed run`")
     new = campaign.config()
-    differing = [k for k in new if old.get(k) != new[k]]
+    if not extend:
+        differing = [k for k in new if old.get(k) != new[k]]
+        if differing:
+            raise CampaignError(f"--resume: {run_dir.path} holds a different campaign (field "
+                                f"{differing[0]}); rerun with the same campaign, grow it with "
+                                "--extend, or choose another --out")
+        return None
+    differing = [k for k in ("name", "seed", "options") if old.get(k) != new[k]]
     if differing:
-        raise CampaignError(f"--resume: {run_dir.path} holds a different campaign (field "
-                            f"{differing[0]}); rerun with the same campaign or another --out")
+        raise CampaignError(f"--extend: {run_dir.path} holds a campaign with another "
+                            f"{differing[0]}; only grid, templates and description may change")
+    try:
+        # options are equal (checked above) and do not shape cells or schedules
+        previous = parse_campaign({**old, "options": {}}, source=str(run_dir.manifest_path))
+    except CampaignError as exc:
+        raise CampaignError(f"--extend: the manifest's campaign no longer parses ({exc})"
+                            ) from None
+    lost_templates = [t for t in previous.templates if t not in campaign.templates]
+    if lost_templates:
+        raise CampaignError(f"--extend: template {lost_templates[0]} of the existing run is "
+                            "missing; an extended campaign keeps every template")
+    cells = {c.id for c in campaign.cells()}
+    lost_cells = [c.id for c in previous.cells() if c.id not in cells]
+    if lost_cells:
+        raise CampaignError(f"--extend: cell {lost_cells[0]} of the existing run is missing "
+                            "from the grid; an extended campaign keeps every cell")
+    return {"templates": len(previous.templates), "cells": len(previous.cells())}
 
 
 def _progress(console: Console) -> Progress:

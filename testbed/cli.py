@@ -31,6 +31,17 @@ def _require_root(what: str) -> None:
                         "run it with sudo")
 
 
+def _positive_int(text: str) -> int:
+    """argparse type for counts: a one-line error naming what is allowed."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; allowed: an integer >= 1")
+    return value
+
+
 def _console() -> Console:
     # Piped output (CI logs, `| tee`) gets a wide console so tables are not truncated.
     return Console(highlight=False, width=None if sys.stdout.isatty() else 160)
@@ -73,8 +84,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     console = _console()
     runner = EpisodeRunner(campaign, workdir_root=Path(args.workdir) if args.workdir else None,
                            backend=args.backend)
-    trio.run(lambda: run_campaign(campaign, out, resume=args.resume, runner=runner,
-                                  console=console))
+    trio.run(lambda: run_campaign(campaign, out, resume=args.resume, extend=args.extend,
+                                  jobs=args.jobs, runner=runner, console=console))
     console.print(f"results: {out}")
     return 0
 
@@ -167,6 +178,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR", help="results directory (default results/<name>)")
     p.add_argument("--resume", action="store_true",
                    help="finish an interrupted campaign without repeating finished episodes")
+    p.add_argument("--extend", action="store_true",
+                   help="like --resume, for a campaign whose grid or templates have grown "
+                        "(same name, seed and options; every old cell and template kept)")
+    p.add_argument("--jobs", type=_positive_int, default=1, metavar="N",
+                   help="run N topologies at once (default 1; for emulated LTE links, where "
+                        "episodes wait on the link; keep 1 for loopback timing)")
     p.add_argument("--templates", type=int, metavar="N",
                    help="override the campaign's template count (quick looks)")
     p.add_argument("--backend", choices=["auto", "userspace", "netem"],

@@ -64,6 +64,7 @@ class FakeGroup:
     def __init__(self, runner: FakeRunner, key: GroupKey) -> None:
         self.runner = runner
         self.key = key
+        self.templates: set[str] = set()
 
     @property
     def backend(self) -> str:
@@ -76,7 +77,8 @@ class FakeGroup:
     async def run_episode(self, cell: Cell, schedule: Schedule) -> EpisodeResult:
         key = episode_key(cell, schedule.template)
         self.runner.calls.append(key)
-        await trio.lowlevel.checkpoint()
+        self.templates.add(schedule.template)
+        await trio.sleep(0.001)
         if key in self.runner.kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
         if key in self.runner.crash_at:
@@ -100,14 +102,23 @@ class FakeRunner:
         self.calls: list[str] = []
         self.opened: list[GroupKey] = []
         self.closed: list[GroupKey] = []
+        self.open_now = 0
+        self.max_open = 0
+        self.templates_per_group: list[set[str]] = []
 
     @asynccontextmanager
     async def open_group(self, key: GroupKey, cells: Sequence[Cell]) -> AsyncIterator[FakeGroup]:
         assert all(c.group_key == key for c in cells)
         self.opened.append(key)
+        self.open_now += 1
+        self.max_open = max(self.max_open, self.open_now)
+        group = FakeGroup(self, key)
+        self.templates_per_group.append(group.templates)
         try:
-            yield FakeGroup(self, key)
+            await trio.sleep(0.01)  # building a topology takes time; lets lanes overlap
+            yield group
         finally:
+            self.open_now -= 1
             self.closed.append(key)
 
     def measure(self, cell: Cell, schedule: Schedule) -> EpisodeResult:
@@ -453,6 +464,93 @@ async def test_runner_rows_breaking_the_contract_are_refused(tmp_path: Path) -> 
     run_dir.open()
     assert run_dir.completed() == set()
     run_dir.close()
+
+
+def _measurements(out: Path) -> pd.DataFrame:
+    episodes = pd.read_parquet(out / "episodes.parquet")
+    return episodes.drop(columns=["wall_s"]).sort_values("episode").reset_index(drop=True)
+
+
+async def test_lanes_run_each_episode_once_with_the_same_results(tmp_path: Path) -> None:
+    campaign = parse_campaign(SMALL)
+    keys = [episode_key(c, t) for c, t in campaign.episodes()]
+    serial, parallel = FakeRunner(), FakeRunner()
+    await _run(campaign, tmp_path / "serial", serial)
+    summary = await run_campaign(campaign, tmp_path / "parallel", resume=False,
+                                 runner=parallel, console=_quiet(), jobs=3)
+    assert sorted(parallel.calls) == sorted(keys)
+    assert summary.ran == len(keys)
+    assert serial.max_open == 1
+    assert parallel.max_open == 3, "three topologies were live at once"
+    # one (group, template) slice per topology: a template's policies run together
+    units = {(c.group_key, t) for c, t in campaign.episodes()}
+    assert len(parallel.opened) == len(units)
+    assert all(len(t) == 1 for t in parallel.templates_per_group)
+    pd.testing.assert_frame_equal(_measurements(tmp_path / "serial"),
+                                  _measurements(tmp_path / "parallel"))
+    manifest = json.loads((tmp_path / "parallel" / "manifest.json").read_text())
+    assert manifest["sessions"][-1]["jobs"] == 3
+
+
+async def test_a_failing_lane_stops_the_others_and_resume_finishes(tmp_path: Path) -> None:
+    campaign = parse_campaign(SMALL)
+    keys = [episode_key(c, t) for c, t in campaign.episodes()]
+    with pytest.raises(SimulatedCrash):  # the error itself, not an exception group
+        await run_campaign(campaign, tmp_path, resume=False, runner=FakeRunner(
+            crash_at=[keys[7]]), console=_quiet(), jobs=2)
+    second = FakeRunner()
+    await run_campaign(campaign, tmp_path, resume=True, runner=second, console=_quiet(),
+                       jobs=2)
+    assert keys[7] in second.calls
+    episodes = pd.read_parquet(tmp_path / "episodes.parquet")
+    assert sorted(episodes["episode"]) == sorted(keys)
+
+
+@pytest.mark.parametrize("jobs", [0, -1, 1.5])
+async def test_jobs_must_be_a_positive_integer(tmp_path: Path, jobs: Any) -> None:
+    with pytest.raises(CampaignError, match=r"^jobs: .* allowed: an integer >= 1"):
+        await run_campaign(parse_campaign(SMALL), tmp_path, resume=False,
+                           runner=FakeRunner(), console=_quiet(), jobs=jobs)
+
+
+async def test_extend_runs_only_the_new_cells_and_templates(tmp_path: Path) -> None:
+    small = parse_campaign(SMALL)
+    await _run(small, tmp_path, FakeRunner())
+    grown_data = {**SMALL, "templates": 4, "description": "grown",
+                  "grid": {**SMALL["grid"], "policy": [*SMALL["grid"]["policy"],
+                                                       "batched_all_key"]}}
+    grown = parse_campaign(grown_data)
+    with pytest.raises(CampaignError, match=r"different campaign .*--extend"):
+        await _run(grown, tmp_path, FakeRunner(), resume=True)
+    runner = FakeRunner()
+    summary = await run_campaign(grown, tmp_path, resume=False, extend=True, runner=runner,
+                                 console=_quiet())
+    old = {episode_key(c, t) for c, t in small.episodes()}
+    every = [episode_key(c, t) for c, t in grown.episodes()]
+    assert runner.calls == [k for k in every if k not in old]
+    assert (summary.skipped, summary.ran) == (len(old), len(every) - len(old))
+    episodes = pd.read_parquet(tmp_path / "episodes.parquet")
+    assert sorted(episodes["episode"]) == sorted(every)
+    # old and new episodes of a template share its schedule: they stay paired
+    assert (episodes.groupby(["rho", "template"])["schedule_digest"].nunique() == 1).all()
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["config"] == grown.config()
+    assert manifest["sessions"][-1]["extended_from"] == {"templates": 2, "cells": 12}
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"seed": 12}, r"another seed"),
+    ({"options": {"rpc_timeout_s": 3}}, r"another options"),
+    ({"templates": 1}, r"template .* missing"),
+    ({"grid": {**SMALL["grid"], "rho": [4]}}, r"cell .*_r1_.* missing"),
+])
+async def test_extend_refuses_what_would_change_or_drop_results(
+        tmp_path: Path, change: dict[str, Any], message: str) -> None:
+    await _run(parse_campaign(SMALL), tmp_path, FakeRunner())
+    other = parse_campaign({**SMALL, **change})
+    with pytest.raises(CampaignError, match=r"^--extend: .*" + message):
+        await run_campaign(other, tmp_path, resume=False, extend=True, runner=FakeRunner(),
+                           console=_quiet())
 
 
 # --- kills: real SIGKILLs in a child process ------------------------------------------------

@@ -154,6 +154,49 @@ def test_killed_campaign_resumes_without_loss_or_duplicates(tmp_path: Path) -> N
     assert set(actions["episode"]) == set(episodes["episode"])
 
 
+@pytest.mark.slow
+def test_parallel_lanes_then_extend_on_real_topologies(tmp_path: Path) -> None:
+    """Two topologies live at once (own prefixes, emulators and nodes), then the campaign
+    grows by a template with --extend: every episode once, none aborted, physics intact,
+    and nothing left behind in the kernel."""
+    from pyroute2 import netns
+
+    network = "fixed" if _is_root() and Path("/dev/net/tun").exists() else "loopback"
+    before = set(netns.listnetns())
+    campaign = _write_campaign(tmp_path / "lanes.toml", "lanes", [network], 2,
+                               ["owner_head_freshness", "planfence"])
+    out = tmp_path / "out"
+    proc = _testbed("run", str(campaign), "--out", str(out), "--jobs", "2", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    first = pd.read_parquet(out / "episodes.parquet")
+    assert len(first) == 4
+
+    grown = _write_campaign(tmp_path / "lanes.toml", "lanes", [network], 3,
+                            ["owner_head_freshness", "planfence"])
+    refused = _testbed("run", str(grown), "--out", str(out), "--resume", cwd=tmp_path)
+    assert refused.returncode != 0
+    assert "--extend" in refused.stderr
+    proc = _testbed("run", str(grown), "--out", str(out), "--extend", "--jobs", "2",
+                    cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    episodes = pd.read_parquet(out / "episodes.parquet")
+    actions = pd.read_parquet(out / "actions.parquet")
+    assert len(episodes) == 6
+    assert episodes["episode"].is_unique
+    assert not episodes["aborted"].any(), episodes["abort_reason"].tolist()
+    assert set(first["episode"]) < set(episodes["episode"])
+    kept = episodes.set_index("episode").loc[first["episode"], "wall_s"]
+    assert (kept.to_numpy() == first["wall_s"].to_numpy()).all(), "old episodes not rerun"
+    fence = actions[actions["policy"] == "planfence"]
+    assert not fence["invalid"].any()
+    assert (fence["outcome"] == "released").all()
+    assert actions[actions["policy"] == "owner_head_freshness"]["invalid"].all()
+    if network == "fixed":
+        stall = episodes[episodes["policy"] == "planfence"]["stall_ms_per_action"]
+        assert (stall > 20).all(), stall.tolist()
+    assert set(netns.listnetns()) <= before, "a lane left a namespace behind"
+
+
 def test_bad_campaign_file_gives_one_line_error(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text('name = "bad"\nseed = 1\ntemplates = 1\n[grid]\npolicy = ["planfence"]\n'
