@@ -184,6 +184,55 @@ def test_sigterm_removes_everything() -> None:
     assert netns.process_start_ticks(int(emulator_pid)) is None
 
 
+_SIGTERM_TWO_SCRIPT = """
+import sys, trio
+from testbed.links.profiles import get_profile
+from testbed.topology import open_topology
+
+async def one(name, hold_s, started):
+    async with open_topology(get_profile("fixed"), ["a", "b"], backend="userspace") as topo:
+        print(name, topo.prefix, flush=True)
+        started.set()
+        await trio.sleep(hold_s)
+    print("closed", name, flush=True)
+
+async def main():
+    async with trio.open_nursery() as nursery:
+        first, second = trio.Event(), trio.Event()
+        nursery.start_soon(one, "first", 0.5, first)   # opens first, closes first
+        await first.wait()
+        nursery.start_soon(one, "second", 60, second)
+
+trio.run(main)
+"""
+
+
+@pytest.mark.privileged
+def test_sigterm_removes_the_topology_that_outlived_an_earlier_one() -> None:
+    """Two topologies in one process (``--jobs``), closed out of order: the SIGTERM
+    handler must still serve the one left open."""
+    _privileged()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SIGTERM_TWO_SCRIPT], cwd=REPO, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline().split() for _ in range(3)]
+        prefixes = {words[0]: words[1] for words in lines if words[0] != "closed"}
+        assert ["closed", "first"] in lines
+        assert _leftovers(prefixes["second"])
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert _leftovers(prefixes["first"]) == []
+    assert _leftovers(prefixes["second"]) == []
+
+
 @pytest.mark.privileged
 async def test_trace_outage_holds_packets_and_restart_replays_it() -> None:
     _privileged()
