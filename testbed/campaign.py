@@ -813,7 +813,24 @@ def summary_frame(out_dir: Path) -> pd.DataFrame:
     issued = released.groupby("cell").size().rename("issued")
     invalid = released.groupby("cell")["invalid"].sum().rename("invalid")
     frame = frame.join(medians, on="cell").join(issued, on="cell").join(invalid, on="cell")
-    return frame.fillna({"issued": 0, "invalid": 0})
+    frame = frame.fillna({"issued": 0, "invalid": 0})
+    # Rows in the campaign file's order (shards come back in file-name order, which puts
+    # rho 16 before rho 4); cells the manifest does not know go last, sorted.
+    order = {cell_id: i for i, cell_id in enumerate(_manifest_cell_order(out_dir))}
+    frame["_order"] = frame["cell"].map(order).fillna(len(order))
+    frame = frame.sort_values(["_order", "policy", "network", "rho", "keys", "agents", "deps",
+                               "connection"], kind="stable")
+    return frame.drop(columns="_order").reset_index(drop=True)
+
+
+def _manifest_cell_order(out_dir: Path) -> list[str]:
+    try:
+        config = RunDir(out_dir).read_manifest().get("config")
+        if not isinstance(config, dict):
+            return []
+        return [c.id for c in parse_campaign({**config, "options": {}}).cells()]
+    except (OSError, ValueError):
+        return []
 
 
 def print_summary(out_dir: Path, console: Console) -> None:

@@ -39,6 +39,7 @@ from testbed.campaign import (
     parse_campaign,
     preset_names,
     run_campaign,
+    summary_frame,
 )
 from testbed.results_io import ResultRowError, RunDir, write_table_atomic
 from testbed.workload import Schedule
@@ -369,6 +370,14 @@ async def test_run_writes_manifest_shards_and_tables(tmp_path: Path) -> None:
     printed = console.file.getvalue()  # type: ignore[attr-defined]
     assert "stall ms/action" in printed
     assert "owner_head_freshness" in printed
+
+
+async def test_summary_rows_follow_the_campaign_file_not_shard_names(tmp_path: Path) -> None:
+    # shard file names sort "r16" before "r4"; the summary keeps the file's order
+    campaign = parse_campaign({**SMALL, "grid": {**SMALL["grid"], "rho": [4, 16]}})
+    await _run(campaign, tmp_path, FakeRunner())
+    frame = summary_frame(tmp_path)
+    assert list(frame["cell"]) == [c.id for c in campaign.cells()]
 
 
 async def test_non_empty_directory_needs_resume(tmp_path: Path) -> None:
