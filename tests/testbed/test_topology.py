@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -144,6 +146,23 @@ async def test_teardown_leaves_nothing_even_after_an_exception() -> None:
     assert netns.process_start_ticks(int(str(seen["pid"]))) is None
 
 
+@contextlib.contextmanager
+def _background(script: str) -> Iterator[subprocess.Popen[str]]:
+    """SCRIPT in a child that ignores SIGINT, as a background job of a non-interactive
+    shell does (so only SIGTERM can stop it cleanly); killed if the test leaves it."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 _SIGTERM_SCRIPT = """
 import sys, trio
 from testbed.links.profiles import get_profile
@@ -161,22 +180,12 @@ trio.run(main)
 @pytest.mark.privileged
 def test_sigterm_removes_everything() -> None:
     _privileged()
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _SIGTERM_SCRIPT], cwd=REPO, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, start_new_session=True,
-        # a background job of a non-interactive shell ignores SIGINT: only SIGTERM helps
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
-    )
-    try:
+    with _background(_SIGTERM_SCRIPT) as proc:
         assert proc.stdout is not None
         prefix, emulator_pid = proc.stdout.readline().split()
         assert _leftovers(prefix)
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=20)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert _leftovers(prefix) == []
     deadline = time.monotonic() + 5
     while netns.process_start_ticks(int(emulator_pid)) is not None and time.monotonic() < deadline:
@@ -212,12 +221,7 @@ def test_sigterm_removes_the_topology_that_outlived_an_earlier_one() -> None:
     """Two topologies in one process (``--jobs``), closed out of order: the SIGTERM
     handler must still serve the one left open."""
     _privileged()
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _SIGTERM_TWO_SCRIPT], cwd=REPO, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, start_new_session=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
-    )
-    try:
+    with _background(_SIGTERM_TWO_SCRIPT) as proc:
         assert proc.stdout is not None
         lines = [proc.stdout.readline().split() for _ in range(3)]
         prefixes = {words[0]: words[1] for words in lines if words[0] != "closed"}
@@ -225,10 +229,6 @@ def test_sigterm_removes_the_topology_that_outlived_an_earlier_one() -> None:
         assert _leftovers(prefixes["second"])
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=20)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert _leftovers(prefixes["first"]) == []
     assert _leftovers(prefixes["second"]) == []
 
