@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import matplotlib
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
@@ -44,7 +45,9 @@ def save(figure: Figure, directory: Path, stem: str) -> list[Path]:
     directory.mkdir(parents=True, exist_ok=True)
     png, svg = directory / f"{stem}.png", directory / f"{stem}.svg"
     figure.savefig(png, dpi=150, metadata={"Software": None})
-    figure.savefig(svg, metadata={"Date": None})
+    # SVG element ids are hashes salted with a random value unless a salt is set
+    with matplotlib.rc_context({"svg.hashsalt": stem}):
+        figure.savefig(svg, metadata={"Date": None})
     return [png, svg]
 
 

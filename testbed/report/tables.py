@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 
@@ -55,6 +56,14 @@ def _with_provenance(run: Run, data: pd.DataFrame, frame: pd.DataFrame) -> pd.Da
         if column in frame and column not in data:
             data.insert(1, column, ", ".join(map(str, slicing.sorted_values(frame, column))))
     return data
+
+
+def _layout(run: Run, frame: pd.DataFrame, records: list[dict[str, object]],
+            **fields: Any) -> Table:
+    """A table in one of the paper's layouts: its machine-readable data (one record per
+    row, with provenance columns) and its provenance line come from the same slice."""
+    return Table(data=_with_provenance(run, pd.DataFrame(records), frame),
+                 provenance=slicing.provenance(run.campaign, frame), **fields)
 
 
 def rank_marks(values: dict[str, float], eligible: set[str]) -> dict[str, str]:
@@ -147,14 +156,12 @@ def _paired_table(
     if lower:
         findings.append("PlanFence's paired median stall is more than 10% below: "
                         + ", ".join(naming.display_name(str(p)) for p in lower) + ".")
-    return Table(
+    return _layout(run, frame, records,
         name=f"paired_d1_{network}",
         title=f"Paired comparisons at rho = 4 on {network}: PlanFence against each policy",
         header=["Against", "Category", "Paired templates", "Stall change [95% CI]",
                 "Traffic change [95% CI]"],
         rows=rows,
-        data=_with_provenance(run, pd.DataFrame(records), frame),
-        provenance=slicing.provenance(run.campaign, frame),
         legend="Change = PlanFence median / other median - 1 over templates with identical "
         "schedules (aborted episodes dropped with their pair); 95% two-stage bootstrap "
         "interval; 'tie' marks a difference under 10% of the larger median.",
@@ -272,14 +279,12 @@ def _setting_table(
                          Cell(f"{s.valid}/{s.scheduled}"), Cell(fmt(s.stall_ms)),
                          Cell(fmt(s.kib))])
             records.append({dimension: value, "policy": policy, **_summary_row(s)})
-    return Table(
+    return _layout(run, frame, records,
         name=name,
         title=title,
         header=["Setting", "Method", "Valid / scheduled", "Stall (ms/action)",
                 "Traffic (KiB/action)"],
         rows=rows,
-        data=_with_provenance(run, pd.DataFrame(records), frame),
-        provenance=slicing.provenance(run.campaign, frame),
         legend="Valid = issued with current recorded inputs; costs are medians over templates.",
         findings=findings(per_setting),
     )
@@ -429,14 +434,12 @@ def keyspace_tables(run: Run, options: Options) -> list[Table]:
                           "KiB/action per key).")
     if not rows:
         return []
-    return [Table(
+    return [_layout(run, frame, records,
         name="table_d5",
         title="Table D.5 layout: keyspace, PlanFence against batched all-key validation",
         header=["Network", "Method", "Keys", "Valid / scheduled", "Stall (ms/action)",
                 "Traffic (KiB/action)", "PlanFence stall change [95% CI]"],
         rows=rows,
-        data=_with_provenance(run, pd.DataFrame(records), frame),
-        provenance=slicing.provenance(run.campaign, frame),
         legend="Rows spanning several trace offsets give the median of per-offset medians. "
         "Bold: at least 10% lower than the other method (unmarked pairs are ties). The change "
         "column is PlanFence relative to batched all-key on paired templates.",
@@ -483,14 +486,12 @@ def offset_tables(run: Run, options: Options) -> list[Table]:
                                        if policy == "planfence" else {})})
         if total == 0:
             continue
-        tables.append(Table(
+        tables.append(_layout(run, frame, records,
             name=f"table_d9_{network}",
             title=f"Table D.9 layout: keys and trace offsets on {network}",
             header=["Keys", "Trace offset", "Method", "Valid / scheduled", "Stall (ms/action)",
                     "Traffic (KiB/action)", "PlanFence stall change [95% CI]"],
             rows=rows,
-            data=_with_provenance(run, pd.DataFrame(records), frame),
-            provenance=slicing.provenance(run.campaign, frame),
             legend="Bold: at least 10% lower within the keys/offset pair; unmarked pairs tie.",
             findings=[f"PlanFence has the lower median stall in {lower} of {total} keys/offset "
                       f"pairs ({ties} within the 10% tie band); the paired interval excludes "
@@ -545,7 +546,7 @@ def density_tables(run: Run, options: Options) -> list[Table]:
             findings.append(f"d={slicing.number(deps)}: stall "
                             f"{_verdict(s['planfence'].stall_ms, s['batched_all_key'].stall_ms)}, "
                             f"traffic {_verdict(s['planfence'].kib, s['batched_all_key'].kib)}.")
-        tables.append(Table(
+        tables.append(_layout(run, frame, records,
             name=f"table_d6_{network}",
             title=f"Table D.6 layout: declared dependencies on {network}",
             header=["Dependencies",
@@ -554,8 +555,6 @@ def density_tables(run: Run, options: Options) -> list[Table]:
                     *[f"KiB {_SHORT[p]}" for p in methods],
                     "PlanFence vs batched stall change [95% CI]"],
             rows=rows,
-            data=_with_provenance(run, pd.DataFrame(records), frame),
-            provenance=slicing.provenance(run.campaign, frame),
             legend="Stall in ms/action, traffic in KiB/action (medians over templates). Bold: at "
             "least 10% lower than every other method in the row; unmarked rows are ties.",
             findings=findings,
@@ -621,14 +620,12 @@ def rate_tables(run: Run, options: Options) -> list[Table]:
         if changes:
             findings.append(f"PlanFence vs batched all-key stall change ranges from "
                             f"{pct(min(changes))} to {pct(max(changes))}.")
-        tables.append(Table(
+        tables.append(_layout(run, frame, records,
             name=f"table_d7_{network}",
             title=f"Table D.7 layout: median stall (ms/action) across rho on {network}",
             header=["rho", *[naming.display_name(p) for p in policies],
                     *(["PlanFence vs batched [95% CI]"] if with_pair else [])],
             rows=rows,
-            data=_with_provenance(run, pd.DataFrame(records), frame),
-            provenance=slicing.provenance(run.campaign, frame),
             legend="Bold: lowest median stall in the row. The last column is PlanFence's paired "
             "change relative to batched all-key with its two-stage bootstrap interval; 'tie' "
             "marks a difference under 10% of the larger median.",
@@ -691,15 +688,13 @@ def reuse_tables(run: Run, options: Options) -> list[Table]:
         if byte_changes:
             findings.append("Traffic changes with reuse by "
                             f"{pct(min(byte_changes))} to {pct(max(byte_changes))}.")
-        tables.append(Table(
+        tables.append(_layout(run, frame, records,
             name=f"table_h1_{network}",
             title=f"Table H.1 layout: new connection per RPC against reused connections "
                   f"on {network}",
             header=["Method", "Keys", "rho", "Stall fresh", "Stall reused", "KiB fresh",
                     "KiB reused", "Connections fresh / reused", "Reuse stall change [95% CI]"],
             rows=rows,
-            data=_with_provenance(run, pd.DataFrame(records), frame),
-            provenance=slicing.provenance(run.campaign, frame),
             legend="Stall: episode median [interquartile range] in ms/action; traffic and "
             "connections are episode medians. ‡: an aborted episode, whose costs are left out.",
             findings=findings,

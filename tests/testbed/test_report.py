@@ -310,6 +310,10 @@ def test_report_is_deterministic(tmp_path: Path) -> None:
     for a, b in zip(first["table_files"], second["table_files"], strict=True):
         assert a.read_text().replace(str(tmp_path / "a"), "") == b.read_text().replace(
             str(tmp_path / "b"), "")
+    # figures too, byte for byte (SVG ids are salted hashes; PNGs carry no timestamp)
+    assert any(f.suffix == ".svg" for f in first["figures"])
+    for a, b in zip(first["figures"], second["figures"], strict=True):
+        assert a.read_bytes() == b.read_bytes(), a.name
 
 
 def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
