@@ -16,6 +16,10 @@ Rules this module obeys (a killed campaign loses at most the episode in flight):
 4. Consolidation reads only committed shards, deduplicates by episode key and writes
    both tables under temporary names before renaming them. Raw shards are never
    rewritten by analysis.
+5. The consolidated tables are the portable form of a run (results/ commits them and
+   ignores shards/ and state.sqlite). Opening a directory whose consolidated tables
+   hold episodes that have no shard (a fresh clone) first writes those shards back
+   from the tables, so ``--resume`` and ``--extend`` never repeat a committed episode.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 # --- result columns (DESIGN.md "Result columns", plus the documented extras) ----------
@@ -232,6 +237,7 @@ class RunDir:
                    "attempts INTEGER NOT NULL, started_at TEXT, completed_at TEXT, "
                    "aborted INTEGER)")
         self._db = db
+        self._restore_shards()
         for key in self.completed():
             db.execute("UPDATE episodes SET status='complete' WHERE key=? AND "
                        "status='started'", (key,))
@@ -299,6 +305,33 @@ class RunDir:
         """key -> (status, attempts) as recorded in ``state.sqlite``."""
         rows = self.db.execute("SELECT key, status, attempts FROM episodes").fetchall()
         return {str(k): (str(s), int(n)) for k, s, n in rows}
+
+    def _restore_shards(self) -> int:
+        """Write shards for episodes that only the consolidated tables hold (rule 5)."""
+        episodes_path = self.path / "episodes.parquet"
+        if not episodes_path.exists():
+            return 0
+        episodes = pq.read_table(episodes_path, schema=EPISODE_SCHEMA)
+        done = self.completed()
+        missing = sorted(set(episodes.column("episode").to_pylist()) - done)
+        if not missing:
+            return 0
+        actions_path = self.path / "actions.parquet"
+        actions = (pq.read_table(actions_path, schema=ACTION_SCHEMA) if actions_path.exists()
+                   else ACTION_SCHEMA.empty_table())
+        episode_keys = episodes.column("episode")
+        action_keys = actions.column("episode")
+        for key in missing:
+            name = self._shard_name(key)
+            write_table_atomic(actions.filter(pc.equal(action_keys, key)),
+                               self.actions_dir / name)
+            write_table_atomic(episodes.filter(pc.equal(episode_keys, key)),
+                               self.episodes_dir / name)
+            self.db.execute(
+                "INSERT INTO episodes (key, status, attempts, completed_at, aborted) "
+                "VALUES (?, 'complete', 1, ?, NULL) ON CONFLICT(key) DO NOTHING",
+                (key, _now_iso()))
+        return len(missing)
 
     # -- consolidation
     def consolidate(self) -> tuple[int, int]:

@@ -547,6 +547,37 @@ async def test_extend_runs_only_the_new_cells_and_templates(tmp_path: Path) -> N
     assert manifest["sessions"][-1]["extended_from"] == {"templates": 2, "cells": 12}
 
 
+async def test_a_clone_without_shards_extends_without_repeating(tmp_path: Path) -> None:
+    """results/ commits the consolidated tables, not shards/ or state.sqlite: a clone
+    must still resume and extend without rerunning a committed episode."""
+    import shutil
+
+    small = parse_campaign(SMALL)
+    await _run(small, tmp_path, FakeRunner())
+    before = pd.read_parquet(tmp_path / "episodes.parquet")
+    before_actions = pd.read_parquet(tmp_path / "actions.parquet")
+    shutil.rmtree(tmp_path / "shards")
+    (tmp_path / "state.sqlite").unlink()
+
+    again = FakeRunner()
+    await _run(small, tmp_path, again, resume=True)
+    assert again.calls == []
+    grown = parse_campaign({**SMALL, "templates": 3})
+    runner = FakeRunner()
+    await run_campaign(grown, tmp_path, resume=False, extend=True, runner=runner,
+                       console=_quiet())
+    assert runner.calls == [episode_key(c, t) for c, t in grown.episodes()
+                            if t not in small.templates]
+    after = pd.read_parquet(tmp_path / "episodes.parquet").set_index("episode")
+    kept = after.loc[before["episode"]].reset_index()
+    pd.testing.assert_frame_equal(kept, before, check_like=True)
+    actions = pd.read_parquet(tmp_path / "actions.parquet")
+    restored = actions[actions["episode"].isin(before["episode"])].reset_index(drop=True)
+    pd.testing.assert_frame_equal(
+        restored.sort_values(["episode", "action"]).reset_index(drop=True),
+        before_actions.sort_values(["episode", "action"]).reset_index(drop=True))
+
+
 @pytest.mark.parametrize(("change", "message"), [
     ({"seed": 12}, r"another seed"),
     ({"options": {"rpc_timeout_s": 3}}, r"another options"),
