@@ -25,6 +25,7 @@ Rules this module obeys (a killed campaign loses at most the episode in flight):
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import platform
@@ -217,14 +218,19 @@ class RunDir:
         self.actions_dir = self.path / "shards" / "actions"
         self.episodes_dir = self.path / "shards" / "episodes"
         self.manifest_path = self.path / "manifest.json"
+        self.lock_path = self.path / ".run.lock"
         self._db: sqlite3.Connection | None = None
+        self._lock_fd: int | None = None
 
     # -- lifecycle
     def is_empty(self) -> bool:
-        return not self.path.exists() or not any(self.path.iterdir())
+        return not self.path.exists() or all(p == self.lock_path for p in self.path.iterdir())
 
     def open(self) -> None:
-        """Create the layout, delete leftover temporaries, open and reconcile the ledger."""
+        """Lock the directory, create the layout, delete leftover temporaries, open and
+        reconcile the ledger."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._lock()
         self.actions_dir.mkdir(parents=True, exist_ok=True)
         self.episodes_dir.mkdir(parents=True, exist_ok=True)
         for folder in (self.path, self.actions_dir, self.episodes_dir):
@@ -246,6 +252,26 @@ class RunDir:
         if self._db is not None:
             self._db.close()
             self._db = None
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
+
+    def _lock(self) -> None:
+        """One `testbed run` per directory at a time: two would run the same episodes and
+        overwrite each other's shards. The kernel drops the flock if the holder dies."""
+        if self._lock_fd is not None:
+            return
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise RunDirError(f"{self.path}: in use by another `testbed run` (pid {holder}); "
+                              "wait for it or choose another --out") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
 
     @property
     def db(self) -> sqlite3.Connection:

@@ -41,7 +41,7 @@ from testbed.campaign import (
     run_campaign,
     summary_frame,
 )
-from testbed.results_io import ResultRowError, RunDir, write_table_atomic
+from testbed.results_io import ResultRowError, RunDir, RunDirError, write_table_atomic
 from testbed.workload import Schedule
 
 REPO = Path(__file__).resolve().parents[2]
@@ -520,6 +520,37 @@ async def test_jobs_must_be_a_positive_integer(tmp_path: Path, jobs: Any) -> Non
     with pytest.raises(CampaignError, match=r"^jobs: .* allowed: an integer >= 1"):
         await run_campaign(parse_campaign(SMALL), tmp_path, resume=False,
                            runner=FakeRunner(), console=_quiet(), jobs=jobs)
+
+
+async def test_a_directory_holds_one_run_at_a_time(tmp_path: Path) -> None:
+    fresh = tmp_path / "fresh"
+    holder = RunDir(fresh)
+    holder.open()  # only the lock file and empty folders: still an empty run directory
+    try:
+        assert RunDir(fresh).is_empty() is False  # folders were created ...
+        with pytest.raises(RunDirError, match=r"in use by another `testbed run` \(pid "
+                                              rf"{os.getpid()}\)"):
+            RunDir(fresh).open()
+    finally:
+        holder.close()
+
+    campaign = parse_campaign(SMALL)
+    await _run(campaign, tmp_path / "run", FakeRunner())
+    holder = RunDir(tmp_path / "run")
+    holder.open()
+    try:
+        runner = FakeRunner()
+        with pytest.raises(RunDirError, match="in use by another `testbed run`"):
+            await _run(campaign, tmp_path / "run", runner, resume=True)
+        assert runner.opened == []
+    finally:
+        holder.close()
+    await _run(campaign, tmp_path / "run", FakeRunner(), resume=True)  # released on close
+
+    only_lock = tmp_path / "only-lock"
+    only_lock.mkdir()
+    (only_lock / ".run.lock").write_text("123\n")
+    assert RunDir(only_lock).is_empty(), "a left-over lock file alone is not a run"
 
 
 async def test_extend_runs_only_the_new_cells_and_templates(tmp_path: Path) -> None:
