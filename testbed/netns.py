@@ -252,24 +252,103 @@ def allow_congestion_control(ledger: Ledger, cc: str) -> None:
     """Make CC settable as a namespace default.
 
     The kernel lets a non-root namespace default only to algorithms listed in the root
-    namespace's net.ipv4.tcp_allowed_congestion_control (EPERM otherwise). If CC is
-    missing there it is appended, recorded in LEDGER, and restored at teardown.
+    namespace's net.ipv4.tcp_allowed_congestion_control (EPERM otherwise). That sysctl is
+    global, and several topologies (lanes of one run, or several runs) may need it at
+    once, so it is held jointly (:func:`hold_root_sysctl_word`): the first holder appends
+    CC, the last one to leave restores the host's value.
     """
-    key = "net.ipv4.tcp_allowed_congestion_control"
-    previous = get_sysctl(None, key)
-    if cc in previous.split():
-        return
     available = get_sysctl(None, "net.ipv4.tcp_available_congestion_control").split()
     if cc not in available:
         raise ValueError(
             f"congestion_control: {cc!r} is not available here; allowed: {', '.join(available)}"
         )
-    value = f"{previous} {cc}".strip()
-    ledger.record_sysctl(key, previous, value)
-    try:
-        _sysctl_path(key).write_text(value)
-    except OSError as exc:
-        raise KernelError(exc.errno or errno.EIO, f"sysctl {key}={value}") from exc
+    hold_root_sysctl_word(ledger, "net.ipv4.tcp_allowed_congestion_control", cc)
+
+
+class _SharedSysctl:
+    """The joint-holding record of one root sysctl: ``<state_dir>/sysctl-<key>.json``
+    with the host's value, the value set, and the holders (prefix -> owner pid, start
+    ticks). Read and written only under an exclusive flock on ``root-sysctl.lock``."""
+
+    def __init__(self, state_dir: Path, key: str) -> None:
+        self.state_dir = state_dir
+        self.path = state_dir / f"sysctl-{key}.json"
+        self._fd: int | None = None
+
+    def __enter__(self) -> _SharedSysctl:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(self.state_dir / "root-sysctl.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def load(self) -> dict[str, Any] | None:
+        try:
+            state = json.loads(self.path.read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+        if not isinstance(state, dict):
+            return None
+        state["holders"] = {prefix: owner for prefix, owner in state.get("holders", {}).items()
+                            if _same_process(int(owner[0]), owner[1])}  # live ones only
+        return state
+
+    def save(self, state: dict[str, Any] | None) -> None:
+        if state is None:
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
+            return
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state))
+        tmp.replace(self.path)
+
+
+def hold_root_sysctl_word(ledger: Ledger, key: str, word: str) -> None:
+    """Ensure WORD is in the space-separated root sysctl KEY while LEDGER's run lives.
+
+    A host that already lists WORD is left alone (nothing recorded). Otherwise the hold
+    is written down first (the shared record, then the ledger) and the sysctl changed
+    last, so a crash in between never leaves an unrecorded change; the last live holder
+    to leave (:func:`release_root_sysctl_word`, at teardown or `clean`) restores the
+    host's value.
+    """
+    with _SharedSysctl(ledger.state_dir, key) as shared:
+        state = shared.load()
+        current = get_sysctl(None, key)
+        if state is None and word in current.split():
+            return  # the host allows it by itself
+        if state is None:
+            state = {"previous": current, "value": current, "holders": {}}
+        value = current if word in current.split() else f"{current} {word}".strip()
+        state["value"] = value
+        state["holders"][ledger.prefix] = [ledger.owner_pid, ledger._owner_ticks]
+        shared.save(state)
+        ledger._add({"kind": "shared_sysctl", "key": key, "holder": ledger.prefix,
+                     "state_dir": str(ledger.state_dir)})
+        if value != current:
+            try:
+                _sysctl_path(key).write_text(value)
+            except OSError as exc:
+                raise KernelError(exc.errno or errno.EIO, f"sysctl {key}={value}") from exc
+
+
+def release_root_sysctl_word(key: str, holder: str, state_dir: Path) -> bool:
+    """Drop HOLDER's hold on KEY; the last live holder restores the host's value (unless
+    someone else changed the sysctl since). True if the value was restored."""
+    with _SharedSysctl(state_dir, key) as shared:
+        state = shared.load()
+        if state is None:
+            return False
+        state["holders"].pop(holder, None)
+        if state["holders"]:
+            shared.save(state)
+            return False
+        shared.save(None)
+        return restore_root_sysctl(key, str(state["previous"]), str(state["value"]))
 
 
 def restore_root_sysctl(key: str, previous: str, value: str) -> bool:
@@ -432,6 +511,8 @@ def _describe(entry: dict[str, Any]) -> str:
         return f"process {entry['pid']}"
     if entry["kind"] == "sysctl":
         return f"sysctl {entry['key']}={entry['previous']} (restored)"
+    if entry["kind"] == "shared_sysctl":
+        return f"sysctl {entry['key']} (host value restored)"
     where = f" (in {entry['netns']})" if entry.get("netns") else ""
     return f"{entry['kind']} {entry['name']}{where}"
 
@@ -446,7 +527,10 @@ def _undo(entry: dict[str, Any]) -> bool:
         return stop_process(int(entry["pid"]), entry.get("start_ticks"))
     if kind == "sysctl":
         return restore_root_sysctl(str(entry["key"]), str(entry["previous"]), str(entry["value"]))
-    raise ValueError(f"ledger entry kind: netns|link|process|sysctl, got {kind!r}")
+    if kind == "shared_sysctl":
+        return release_root_sysctl_word(str(entry["key"]), str(entry["holder"]),
+                                        Path(str(entry["state_dir"])))
+    raise ValueError(f"ledger entry kind: netns|link|process|sysctl|shared_sysctl, got {kind!r}")
 
 
 def clean_all(state_dir: Path = STATE_DIR) -> list[str]:

@@ -130,3 +130,72 @@ def test_clean_all_does_not_kill_a_reused_pid(tmp_path: Path) -> None:
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+ALLOWED_CC = "net.ipv4.tcp_allowed_congestion_control"
+
+
+@pytest.fixture
+def missing_cc() -> Iterator[str]:
+    """An available congestion control that the host does not allow to namespaces; one
+    is taken out of the allowed list for the test if the host allows them all."""
+    original = netns.get_sysctl(None, ALLOWED_CC)
+    allowed = original.split()
+    available = netns.get_sysctl(None, "net.ipv4.tcp_available_congestion_control").split()
+    default = netns.get_sysctl(None, "net.ipv4.tcp_congestion_control")
+    missing = [cc for cc in available if cc not in allowed]
+    if not missing:
+        candidates = [cc for cc in allowed if cc != default]
+        if not candidates:
+            pytest.skip("no congestion control to withhold from namespaces here")
+        missing = [candidates[-1]]
+        Path("/proc/sys/net/ipv4/tcp_allowed_congestion_control").write_text(
+            " ".join(cc for cc in allowed if cc != missing[0]))
+    try:
+        yield missing[0]
+    finally:
+        Path("/proc/sys/net/ipv4/tcp_allowed_congestion_control").write_text(original)
+
+
+def _dead_pid() -> int:
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    return int(done.stdout)
+
+
+def test_root_sysctl_is_held_jointly_and_restored_by_the_last_holder(
+        tmp_path: Path, missing_cc: str) -> None:
+    """Lanes (and concurrent runs) share the global allowed-congestion-control list:
+    one topology closing must not take the algorithm away from one still running."""
+    host_value = netns.get_sysctl(None, ALLOWED_CC)
+    first = netns.Ledger(netns.new_prefix(), state_dir=tmp_path)
+    second = netns.Ledger(netns.new_prefix(), state_dir=tmp_path)
+    try:
+        netns.allow_congestion_control(first, missing_cc)
+        netns.allow_congestion_control(second, missing_cc)
+        assert netns.get_sysctl(None, ALLOWED_CC).split().count(missing_cc) == 1
+        first.teardown()
+        assert missing_cc in netns.get_sysctl(None, ALLOWED_CC).split(), \
+            "the first topology to close took the algorithm from the second"
+        second.teardown()
+        assert netns.get_sysctl(None, ALLOWED_CC) == host_value
+        assert not list(tmp_path.glob("sysctl-*.json"))
+    finally:
+        first.teardown()
+        second.teardown()
+
+
+def test_a_dead_holder_does_not_pin_the_root_sysctl(tmp_path: Path, missing_cc: str) -> None:
+    host_value = netns.get_sysctl(None, ALLOWED_CC)
+    crashed = netns.Ledger(netns.new_prefix(), owner_pid=_dead_pid(), state_dir=tmp_path)
+    live = netns.Ledger(netns.new_prefix(), state_dir=tmp_path)
+    try:
+        netns.allow_congestion_control(crashed, missing_cc)
+        netns.allow_congestion_control(live, missing_cc)
+        live.teardown()  # the crashed run's hold does not count: the host value returns
+        assert netns.get_sysctl(None, ALLOWED_CC) == host_value
+        assert netns.clean_all(tmp_path) == []  # nothing left to restore for `clean`
+        assert not crashed.path.exists()
+    finally:
+        live.teardown()
+        crashed.teardown()
