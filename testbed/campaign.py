@@ -23,9 +23,9 @@ Rules this module obeys:
    prefix, namespaces, emulator and node processes). Work is split per (group,
    template), so a template's policies still run back to back on one topology. On an
    emulated LTE link an episode spends almost all of its time waiting on the link
-   (about 5% of one core for a whole team), so lanes do not contend; on loopback they
-   would, and stall there is CPU time, so keep ``jobs = 1`` for loopback cells whose
-   milliseconds matter (docs/campaigns.md).
+   (about 5% of one core for a whole team), so lanes do not contend. On loopback they
+   would, and stall there is CPU time, so loopback units always run first and alone,
+   one at a time, whatever ``jobs`` is (docs/campaigns.md).
 7. An aborted episode (the runner raised :class:`EpisodeAborted`, or it outlived
    ``options.episode_timeout_s`` by :data:`BACKSTOP_GRACE_S`) is recorded with
    ``aborted = True`` and its reason, no action rows and no costs (nothing imputed);
@@ -600,6 +600,12 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
         if jobs == 1:
             await lane()
         else:
+            # Loopback stall is CPU time: its units run first, one at a time, with no
+            # other lane beside them; then the emulated-link units fill the lanes.
+            emulated = [u for u in units if u[0].network != "loopback"]
+            units[:] = [u for u in units if u[0].network == "loopback"]
+            await lane()
+            units[:] = emulated
             await _run_lanes(lane, min(jobs, len(units)))
         status = "complete"
     finally:

@@ -105,6 +105,8 @@ class FakeRunner:
         self.closed: list[GroupKey] = []
         self.open_now = 0
         self.max_open = 0
+        self.loopback_open = 0
+        self.max_open_with_loopback = 0
         self.templates_per_group: list[set[str]] = []
 
     @asynccontextmanager
@@ -113,6 +115,9 @@ class FakeRunner:
         self.opened.append(key)
         self.open_now += 1
         self.max_open = max(self.max_open, self.open_now)
+        self.loopback_open += key.network == "loopback"
+        if self.loopback_open:
+            self.max_open_with_loopback = max(self.max_open_with_loopback, self.open_now)
         group = FakeGroup(self, key)
         self.templates_per_group.append(group.templates)
         try:
@@ -120,6 +125,7 @@ class FakeRunner:
             yield group
         finally:
             self.open_now -= 1
+            self.loopback_open -= key.network == "loopback"
             self.closed.append(key)
 
     def measure(self, cell: Cell, schedule: Schedule) -> EpisodeResult:
@@ -491,6 +497,10 @@ async def test_lanes_run_each_episode_once_with_the_same_results(tmp_path: Path)
     assert summary.ran == len(keys)
     assert serial.max_open == 1
     assert parallel.max_open == 3, "three topologies were live at once"
+    # loopback slices ran first and alone: never beside another topology
+    loopback_calls = [k for k in parallel.calls if "_loopback_" in k]
+    assert parallel.calls[:len(loopback_calls)] == loopback_calls
+    assert parallel.max_open_with_loopback == 1
     # one (group, template) slice per topology: a template's policies run together
     units = {(c.group_key, t) for c, t in campaign.episodes()}
     assert len(parallel.opened) == len(units)
