@@ -772,8 +772,7 @@ def _check_same_campaign(run_dir: RunDir, campaign: Campaign, *,
         raise CampaignError(f"--extend: {run_dir.path} holds a campaign with another "
                             f"{differing[0]}; only grid, templates and description may change")
     try:
-        # options are equal (checked above) and do not shape cells or schedules
-        previous = parse_campaign({**old, "options": {}}, source=str(run_dir.manifest_path))
+        previous = _recorded_campaign(old, source=str(run_dir.manifest_path))
     except CampaignError as exc:
         raise CampaignError(f"--extend: the manifest's campaign no longer parses ({exc})"
                             ) from None
@@ -782,11 +781,20 @@ def _check_same_campaign(run_dir: RunDir, campaign: Campaign, *,
         raise CampaignError(f"--extend: template {lost_templates[0]} of the existing run is "
                             "missing; an extended campaign keeps every template")
     cells = {c.id for c in campaign.cells()}
-    lost_cells = [c.id for c in previous.cells() if c.id not in cells]
+    previous_cells = previous.cells()
+    lost_cells = [c.id for c in previous_cells if c.id not in cells]
     if lost_cells:
         raise CampaignError(f"--extend: cell {lost_cells[0]} of the existing run is missing "
                             "from the grid; an extended campaign keeps every cell")
-    return {"templates": len(previous.templates), "cells": len(previous.cells())}
+    return {"templates": len(previous.templates), "cells": len(previous_cells)}
+
+
+def _recorded_campaign(config: Mapping[str, Any], *, source: str = "<manifest>") -> Campaign:
+    """The campaign a manifest's ``config`` describes, for its cells and templates.
+
+    Options are left out: the manifest stores every option, unset ones as None, which a
+    campaign file may not say, and options shape neither cells nor schedules."""
+    return parse_campaign({**config, "options": {}}, source=source)
 
 
 def _progress(console: Console) -> Progress:
@@ -834,7 +842,7 @@ def _manifest_cell_order(out_dir: Path) -> list[str]:
         config = RunDir(out_dir).read_manifest().get("config")
         if not isinstance(config, dict):
             return []
-        return [c.id for c in parse_campaign({**config, "options": {}}).cells()]
+        return [c.id for c in _recorded_campaign(config).cells()]
     except (OSError, ValueError):
         return []
 

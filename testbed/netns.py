@@ -325,10 +325,9 @@ def hold_root_sysctl_word(ledger: Ledger, key: str, word: str) -> None:
             state = {"previous": current, "value": current, "holders": {}}
         value = current if word in current.split() else f"{current} {word}".strip()
         state["value"] = value
-        state["holders"][ledger.prefix] = [ledger.owner_pid, ledger._owner_ticks]
+        state["holders"][ledger.prefix] = ledger.owner
         shared.save(state)
-        ledger._add({"kind": "shared_sysctl", "key": key, "holder": ledger.prefix,
-                     "state_dir": str(ledger.state_dir)})
+        ledger.record_shared_sysctl(key)
         if value != current:
             try:
                 _sysctl_path(key).write_text(value)
@@ -471,9 +470,17 @@ class Ledger:
     def record_process(self, pid: int) -> None:
         self._add({"kind": "process", "pid": pid, "start_ticks": process_start_ticks(pid)})
 
-    def record_sysctl(self, key: str, previous: str, value: str) -> None:
-        """A root-namespace sysctl changed from PREVIOUS to VALUE; teardown restores it."""
-        self._add({"kind": "sysctl", "key": key, "previous": previous, "value": value})
+    @property
+    def owner(self) -> list[Any]:
+        """[pid, start ticks] of the run that owns this ledger (how others tell it lives)."""
+        return [self.owner_pid, self._owner_ticks]
+
+    def record_shared_sysctl(self, key: str) -> None:
+        """This run holds root sysctl KEY jointly (:func:`hold_root_sysctl_word`); teardown
+        releases the hold. (Ledgers written by older versions may hold "sysctl" entries,
+        a private change with its previous value; teardown still undoes those.)"""
+        self._add({"kind": "shared_sysctl", "key": key, "holder": self.prefix,
+                   "state_dir": str(self.state_dir)})
 
     def _check_name(self, name: str) -> None:
         if not name.startswith(self.prefix):
