@@ -21,7 +21,7 @@ from typing import Any
 
 import trio
 
-from protocols.errors import LocalProtocolError, RemoteProtocolError, TestbedError
+from protocols.errors import LocalProtocolError, ProtocolError, RemoteProtocolError
 from protocols.wire import FrameDecoder, encode_frame, pack, read_frame, unpack
 
 log = logging.getLogger("nodes.control")
@@ -30,7 +30,7 @@ CONTROL_MAX_FRAME_BYTES = 8 * 1024 * 1024
 OpHandler = Callable[[Mapping[str, Any]], Awaitable[dict[str, Any]]]
 
 
-class ControlError(TestbedError):
+class ControlError(ProtocolError):
     """The controller sent an op this node cannot perform as asked (bad user input)."""
 
 
@@ -102,7 +102,7 @@ async def dispatch(ops: object, request: Mapping[str, Any]) -> dict[str, Any]:
         result: dict[str, Any] = await handler(request)
     except (ControlError, ValueError, LocalProtocolError) as exc:
         return {"ok": False, "error": str(exc)}
-    except TestbedError as exc:  # e.g. an RPC failure inside update/plan: say which
+    except ProtocolError as exc:  # e.g. an RPC failure inside update/plan: say which
         log.warning("op %s failed: %s: %s", name, type(exc).__name__, exc)
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
     except Exception as exc:  # a bug (ours or a policy's): report it, keep the node up

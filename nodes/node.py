@@ -23,40 +23,28 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import trio
 
+from nodes.client import RpcClient, open_rpc_client
 from nodes.control import ControlError, field
-from nodes.env import NodeEnv, decision_content
-from nodes.rpc import MAX_RECORDS_PER_INSTALL, Handlers, SelfServingCaller
+from nodes.node_env import NodeEnv
+from nodes.rpc import Handlers, SelfServingCaller
+from nodes.server import serve_data_plane
 from nodes.store import DURABILITY_MODES, SqliteStore, remove_store_files
-from nodes.transport import (
-    CONNECTION_SETTINGS,
-    Counters,
-    RpcClient,
-    open_rpc_client,
-    serve_data_plane,
-)
+from nodes.transport import CONNECTION_SETTINGS, Counters
 from protocols.env import ActionRequest
 from protocols.errors import LocalProtocolError, RemoteProtocolError, RpcError
 from protocols.identity import Identity, Roster
+from protocols.planning import PlanningError, derive_plan, own_record
 from protocols.policies import make_policy
 from protocols.policies.base import Policy
-from protocols.records import (
-    MAX_CONTENT_BYTES,
-    RECORD_ID_BYTES,
-    RECORD_TYPES,
-    HeadInfo,
-    Record,
-    make_record,
-)
+from protocols.records import RECORD_ID_BYTES, RECORD_TYPES, Record
 
 log = logging.getLogger("nodes.node")
 PARENT_CHECK_S = 1.0
-INSTALL_BATCH_BYTES = 640 * 1024
 MAX_ACTION_CHARS = 120  # record keys (plan/<action>/r<n>) are capped at 200
 
 
@@ -118,22 +106,6 @@ def _action(name: str) -> str:
     if not 0 < len(name) <= MAX_ACTION_CHARS or "/" in name:
         raise ControlError(f"action: must be 1..{MAX_ACTION_CHARS} characters without '/'")
     return name
-
-
-def _install_batches(records: Sequence[Record]) -> list[list[Record]]:
-    """Split a handoff so each install frame stays well under the 1 MiB frame cap
-    (artifact records are up to 320 KiB); order (parents first) is kept."""
-    batches: list[list[Record]] = [[]]
-    size = 0
-    for record in records:
-        cost = len(record.content) + 256 + 32 * len(record.parents)
-        if batches[-1] and (size + cost > INSTALL_BATCH_BYTES
-                            or len(batches[-1]) >= MAX_RECORDS_PER_INSTALL):
-            batches.append([])
-            size = 0
-        batches[-1].append(record)
-        size += cost
-    return batches
 
 
 def _ms(ns: int) -> float:
@@ -337,13 +309,11 @@ class Node:
               content: bytes) -> Record:
         cfg = self.cfg
         assert cfg is not None
-        if len(content) > MAX_CONTENT_BYTES:
-            raise ControlError(f"content: {len(content)} bytes, at most {MAX_CONTENT_BYTES}")
         try:
-            return make_record(cfg.identity, key=key, owner=cfg.identity.agent_id, seq=seq,
-                               parents=parents, rtype=rtype, content=content)
-        except (ValueError, TypeError) as exc:
-            raise ControlError(f"record: cannot build ({exc})") from None
+            return own_record(cfg.identity, key=key, seq=seq, parents=parents, rtype=rtype,
+                              content=content)
+        except PlanningError as exc:
+            raise ControlError(str(exc)) from None
 
     async def _timed_hook(self, hook: str, call: Callable[[], Awaitable[None]]) -> float:
         _, _, env, policy = self._ready()
@@ -377,7 +347,7 @@ class Node:
         return {"stall_ms": stall_ms}
 
     async def op_plan(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        cfg, store, env, _ = self._ready()
+        cfg, _, env, _ = self._ready()
         action = _action(field(args, "action", str))
         executor = field(args, "executor", str)
         keys = _strs(field(args, "keys", list), "keys")
@@ -388,53 +358,9 @@ class Node:
         for key in keys:
             if key not in cfg.roster.owners:
                 raise ControlError(f"keys: {key!r} is not a shared key")
-        me = cfg.identity.agent_id
-        by_owner: dict[str, list[str]] = {}
-        for key in keys:
-            by_owner.setdefault(cfg.roster.owners[key], []).append(key)
-        heads: dict[str, HeadInfo] = {}
-        remote = [o for o in by_owner if o != me]
-        answers = await env.concurrently(
-            [partial(env.owner_heads, o, by_owner[o]) for o in remote])
-        for answer in answers:
-            if isinstance(answer, BaseException):
-                raise answer
-            heads.update(answer)
-        for key in by_owner.get(me, []):
-            own = store.head(key)
-            if own is None:
-                raise ControlError(f"keys: {key!r} has no head at its owner {me!r}")
-            heads[key] = own
-        inputs: list[Record] = []
-        for key in keys:
-            head = heads[key]
-            record = store.get(head.record_id)
-            if record is None:
-                record = await env.fetch(head.owner, head.record_id)
-                store.install(record)
-            inputs.append(record)
-        chain: list[Record] = list(inputs)
-        parents = [r.id for r in sorted(inputs, key=lambda r: r.key)]
-        if depth == 1:
-            review = self._next_version(f"review/{action}", parents, "review",
-                                        decision_content(action, inputs, "review"))
-            chain.append(review)
-            parents = [review.id]
-        plan = self._next_version(f"plan/{action}", parents, "plan",
-                                  decision_content(action, inputs, decision))
-        chain.append(plan)
-        store.install_many(chain[len(inputs):])
-        if executor != me:
-            for batch in _install_batches(chain):
-                await env.install_at(executor, batch)
-        return {"root": plan.id, "inputs": {r.key: r.id for r in inputs}}
-
-    def _next_version(self, key: str, parents: Sequence[bytes], rtype: str,
-                      content: bytes) -> Record:
-        assert self.store is not None
-        latest = self.store.latest(key)
-        return self._make(key=key, seq=0 if latest is None else latest.seq + 1,
-                          parents=parents, rtype=rtype, content=content)
+        plan = await derive_plan(env, action=action, executor=executor, keys=keys,
+                                 depth=depth, decision=decision)
+        return {"root": plan.root, "inputs": plan.inputs}
 
     async def op_act(self, args: Mapping[str, Any]) -> dict[str, Any]:
         _, _, env, policy = self._ready()

@@ -28,12 +28,17 @@ from protocols.errors import (
     RemoteProtocolError,
 )
 from protocols.identity import CENTRAL_ID, Roster
-from protocols.records import RECORD_ID_BYTES, HeadInfo, Record, verify_record
+from protocols.records import (
+    MAX_RECORDS_PER_INSTALL,
+    RECORD_ID_BYTES,
+    HeadInfo,
+    Record,
+    verify_record,
+)
 
 log = logging.getLogger("nodes.rpc")
 
 MAX_KEYS_PER_CALL = 4096
-MAX_RECORDS_PER_INSTALL = 64
 
 # Error codes of rule 2.
 NOT_OWNER = "not_owner"

@@ -3,7 +3,8 @@
 Policies in ``protocols/policies`` are written only against :class:`PolicyEnv` and
 :class:`LocalStore`. The node process implements them over its SQLite store and
 real authenticated RPCs (``nodes/env.py``); the pure tests use an in-memory twin
-(``tests/protocols/memory_env.py``). Policies never touch sockets, clocks or files.
+(``tests/protocols/memory_env.py``); planning and replanning
+(``protocols/planning.py``) run on the same two. Policies never touch sockets, clocks or files.
 
 Every remote method performs exactly one RPC (one request frame, one response
 frame) and raises :class:`protocols.errors.RpcError` (timeout, unavailable, remote
@@ -14,7 +15,7 @@ against the requested ID and the roster before they are returned.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -36,6 +37,10 @@ class LocalStore(Protocol):
 
         Returns True if newly stored. Raises IntegrityError/OwnerRuleError/ConflictError.
         """
+        ...
+
+    def install_many(self, records: Iterable[Record]) -> int:
+        """Install several records at once (one durable commit); how many were new."""
         ...
 
     def latest(self, key: str) -> HeadInfo | None:

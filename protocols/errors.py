@@ -11,15 +11,15 @@ policy turns these into a *block* (fail closed).
 from __future__ import annotations
 
 
-class TestbedError(Exception):
-    """Base of every error this project raises on purpose."""
+class ProtocolError(Exception):
+    """Base of every protocol-level error (records, wire, channel, calls, evidence)."""
 
 
-class LocalProtocolError(TestbedError):
+class LocalProtocolError(ProtocolError):
     """This side misused the protocol (a bug or bad local input)."""
 
 
-class RemoteProtocolError(TestbedError):
+class RemoteProtocolError(ProtocolError):
     """The peer violated the protocol: malformed, oversize, forged, replayed frames."""
 
 
@@ -35,7 +35,7 @@ class ConflictError(OwnerRuleError):
     """Two different records claim the same (key, owner sequence)."""
 
 
-class RpcError(TestbedError):
+class RpcError(ProtocolError):
     """A remote call failed; policies treat every RpcError as missing evidence."""
 
 

@@ -28,12 +28,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from protocols.env import LocalStore
-from protocols.errors import TestbedError
+from protocols.errors import ProtocolError
 from protocols.identity import Roster
 from protocols.records import HeadInfo, Record
 
 
-class EvidenceError(TestbedError):
+class EvidenceError(ProtocolError):
     """Validation evidence is missing or conflicting: the action must block.
 
     Nobody misused an API; the evidence needed to prove derivation currency is not

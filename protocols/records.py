@@ -31,6 +31,7 @@ from protocols.identity import Identity, Roster
 RECORD_ID_BYTES = 32
 MAX_CONTENT_BYTES = 384 * 1024  # artifacts are 256-320 KiB; compact records <= 4 KiB
 MAX_PARENTS = 256
+MAX_RECORDS_PER_INSTALL = 64  # records one `install` call may carry
 MAX_KEY_CHARS = 200
 RECORD_TYPES = frozenset({"requirement", "review", "plan", "decision", "artifact", "action"})
 _ID_PERSON = b"pf-record-v1"

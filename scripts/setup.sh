@@ -22,5 +22,6 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[dev]'
+# The project and its tools, at the versions CI passed with (requirements.lock).
+.venv/bin/python -m pip install -q -c requirements.lock -e '.[dev]'
 echo "setup: ready (.venv)"

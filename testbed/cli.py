@@ -1,34 +1,41 @@
 """The ``testbed`` command line.
 
-Every sub-command turns bad user input and missing kernel features into a one-line
-message on stderr and exit status 2; a traceback means a bug in the testbed.
+Whose fault it was decides how a failure ends (``testbed.errors``): bad user input is
+one line on stderr and exit status 2; a host that lacks something is one line and exit
+status 3; anything else is a bug in the testbed and shows its traceback (exit 1).
+``TESTBED_DEBUG=1`` shows the traceback of the first two kinds too.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
 from collections.abc import Callable, Sequence
+from importlib import metadata
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from rich.console import Console
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from testbed.errors import HostError, UserError, one_line
+
+DEFAULT_RESULTS = Path("results")
+EXIT_USER, EXIT_HOST = 2, 3
 
 
-class UserError(Exception):
-    """Bad input or an unsuitable host: reported as one line, exit status 2."""
+def version() -> str:
+    try:
+        return metadata.version("planfence-testbed")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def _require_root(what: str) -> None:
     if os.geteuid() != 0:
-        raise UserError(f"{what} needs root (network namespaces and TUN devices); "
-                        "run it with sudo")
+        raise HostError(f"{what} needs root (network namespaces and TUN devices); "
+                        "run it as root or with sudo")
 
 
 def _positive_int(text: str) -> int:
@@ -42,6 +49,17 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _directory(flag: str, text: str | None) -> Path | None:
+    """A directory flag's value: absent, an existing directory, or a path to create."""
+    if text is None:
+        return None
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{flag}: {text} is not a directory; allowed: a directory "
+                        "(existing or to be created)")
+    return path
+
+
 def _console() -> Console:
     # Piped output (CI logs, `| tee`) gets a wide console so tables are not truncated.
     return Console(highlight=False, width=None if sys.stdout.isatty() else 160)
@@ -51,15 +69,14 @@ def _console() -> Console:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from testbed.doctor import render_doctor, run_doctor
+    from testbed.tools.doctor import render_doctor, run_doctor
 
-    checks = run_doctor()
-    render_doctor(checks, _console())
+    render_doctor(run_doctor(), _console())
     return 0
 
 
 def cmd_traces(args: argparse.Namespace) -> int:
-    from testbed.links.trace_cli import traces_list, traces_show
+    from testbed.tools.traces_view import traces_list, traces_show
 
     if args.traces_cmd == "list":
         traces_list(_console())
@@ -71,19 +88,19 @@ def cmd_traces(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     import trio
 
-    from testbed.campaign import load_campaign, run_campaign
-    from testbed.episode import EpisodeRunner
+    from testbed.run.episode import EpisodeRunner
+    from testbed.run.loop import run_campaign
+    from testbed.spec.parse import load_campaign
 
     campaign = load_campaign(args.campaign)
     if args.templates is not None:
         campaign = campaign.with_templates(args.templates)
-    needs_root = any(cell.network != "loopback" for cell in campaign.cells())
-    if needs_root:
+    out = _directory("--out", args.out) or DEFAULT_RESULTS / campaign.name
+    workdir = _directory("--workdir", args.workdir)
+    if any(cell.network != "loopback" for cell in campaign.cells()):
         _require_root(f"campaign {campaign.name!r} (non-loopback networks)")
-    out = Path(args.out) if args.out else REPO_ROOT / "results" / campaign.name
     console = _console()
-    runner = EpisodeRunner(campaign, workdir_root=Path(args.workdir) if args.workdir else None,
-                           backend=args.backend)
+    runner = EpisodeRunner(campaign, workdir_root=workdir, backend=args.backend)
     trio.run(lambda: run_campaign(campaign, out, resume=args.resume, extend=args.extend,
                                   jobs=args.jobs, runner=runner, console=console))
     console.print(f"results: {out}")
@@ -91,7 +108,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from testbed.report import build_report
+    from testbed.report.build import build_report
 
     run_dir = Path(args.dir)
     if not (run_dir / "episodes.parquet").exists():
@@ -105,26 +122,15 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_clean(args: argparse.Namespace) -> int:
     _require_root("clean")
-    from testbed.netns import clean_all
+    from testbed.host.ledger import clean_all
 
     removed = clean_all()
     console = _console()
-    if removed:
-        for item in removed:
-            console.print(f"removed {item}")
-    else:
+    for item in removed:
+        console.print(f"removed {item}")
+    if not removed:
         console.print("nothing to clean")
     return 0
-
-
-def _load_script(name: str) -> ModuleType:
-    path = REPO_ROOT / "scripts" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"_testbed_script_{name}", path)
-    if spec is None or spec.loader is None or not path.exists():
-        raise UserError(f"{path} is missing from this checkout")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -134,19 +140,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
     json_path = Path(args.json) if args.json else None
     result: Any
     if args.bench_cmd == "rpc":
-        module = _load_script("bench_rpc")
-        argv = ["--json", str(json_path)] if json_path else []
-        return int(module.main(argv) or 0)
-    if args.bench_cmd == "link":
+        from testbed.tools.bench_rpc import run_bench
+
+        result = run_bench()
+        if json_path is not None:
+            json_path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    elif args.bench_cmd == "link":
         _require_root("bench link")
-        from testbed.bench_link import bench_link
+        from testbed.tools.bench_link import bench_link
 
         result = trio.run(bench_link, json_path, console)
     else:
-        from testbed.bench_episode import bench_episode
+        from testbed.tools.bench_episode import bench_episode
 
         result = trio.run(bench_episode, json_path, console)
-    if json_path is None:
+    if json_path is None or args.bench_cmd == "rpc":
         console.print_json(json.dumps(result, default=str))
     return 0
 
@@ -155,10 +163,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from testbed.spec.vocabulary import BACKENDS
+
     parser = argparse.ArgumentParser(
         prog="testbed",
         description="Coordination-cost testbed: PlanFence and baselines on real sockets "
                     "over emulated LTE links.")
+    parser.add_argument("--version", action="version", version=f"testbed {version()}")
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     p = sub.add_parser("doctor", help="probe which kernel features and link backends work here")
@@ -186,8 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "episodes wait on the link; keep 1 for loopback timing)")
     p.add_argument("--templates", type=int, metavar="N",
                    help="override the campaign's template count (quick looks)")
-    p.add_argument("--backend", choices=["auto", "userspace", "netem"],
-                   help="link backend (default: the campaign's option, else auto)")
+    p.add_argument("--backend", choices=list(BACKENDS),
+                   help="link backend for the shaped networks (default: the campaign's "
+                        "option, else auto); unshaped ones (loopback) never get one")
     p.add_argument("--workdir", metavar="DIR", help="where node stores and sockets live "
                                                     "(default: a fresh directory under /tmp)")
     p.set_defaults(func=cmd_run)
@@ -212,14 +224,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _user_error_types() -> tuple[type[BaseException], ...]:
-    from protocols.errors import TestbedError
-
-    types: list[type[BaseException]] = [UserError, TestbedError, ValueError, FileNotFoundError,
-                                         PermissionError]
-    return tuple(types)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -229,12 +233,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("testbed: interrupted", file=sys.stderr)
         return 130
-    except _user_error_types() as exc:
+    except (UserError, HostError) as exc:
         if os.environ.get("TESTBED_DEBUG"):
             raise
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(f"testbed {args.cmd}: {message}", file=sys.stderr)
-        return 2
+        print(f"testbed {args.cmd}: {one_line(exc)}", file=sys.stderr)
+        return EXIT_USER if isinstance(exc, UserError) else EXIT_HOST
 
 
 if __name__ == "__main__":

@@ -1,39 +1,22 @@
-"""Policy registry: a campaign names a policy, the registry builds it.
+"""Coordination policies, one file each, behind one registry (``registry.py``).
 
-Adding a policy touches one new file: subclass :class:`Policy`, decorate it with
-``@register``, and import the module below.
+``make_policy("metadata_sync/4")`` builds one; ``describe_policy`` says what a spec
+is (title, category, whether it needs the central directory). Importing this package
+imports every policy module (``_all.py``), so every name is registered.
 """
 
 from __future__ import annotations
 
+import protocols.policies._all  # noqa: F401  (registers every policy)
 from protocols.policies.base import Policy
+from protocols.policies.registry import (
+    PolicyInfo,
+    allowed_specs,
+    describe_policy,
+    make_policy,
+    policy_names,
+    register,
+)
 
-_REGISTRY: dict[str, type[Policy]] = {}
-
-
-def register(cls: type[Policy]) -> type[Policy]:
-    if not cls.name or cls.name in _REGISTRY:
-        raise ValueError(f"policy name {cls.name!r} empty or taken")
-    _REGISTRY[cls.name] = cls
-    return cls
-
-
-def policy_names() -> list[str]:
-    return sorted(_REGISTRY)
-
-
-def make_policy(spec: str) -> Policy:
-    """Build a policy from a campaign name such as ``planfence`` or ``metadata_sync/4``."""
-    name, _, param = spec.partition("/")
-    cls = _REGISTRY.get(name)
-    if cls is None:
-        raise ValueError(f"policy: unknown {spec!r}; allowed: {', '.join(policy_names())}")
-    if param:
-        if not param.isdigit() or int(param) < 1:
-            raise ValueError(f"policy: {spec!r} needs a positive integer after '/'")
-        return cls(int(param))
-    return cls()
-
-
-# Policy modules register themselves on import (kept at the bottom on purpose).
-from protocols.policies import _all  # noqa: E402,F401
+__all__ = ["Policy", "PolicyInfo", "allowed_specs", "describe_policy", "make_policy",
+           "policy_names", "register"]

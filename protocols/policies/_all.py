@@ -1,15 +1,13 @@
 """Imports every policy module so that each registers itself."""
 
-from protocols.policies import (  # noqa: F401
-    adaptive,
-    all_replica,
-    batched_all_key,
-    centralized_lineage,
-    local_replica,
-    majority_replica,
-    metadata_sync,
-    owner_head_freshness,
-    per_key_all_key,
-    planfence,
-    planfence_grouped,
-)
+import protocols.policies.adaptive
+import protocols.policies.all_replica
+import protocols.policies.batched_all_key
+import protocols.policies.centralized_lineage
+import protocols.policies.local_replica
+import protocols.policies.majority_replica
+import protocols.policies.metadata_sync
+import protocols.policies.owner_head_freshness
+import protocols.policies.per_key_all_key
+import protocols.policies.planfence
+import protocols.policies.planfence_grouped  # noqa: F401

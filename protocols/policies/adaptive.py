@@ -42,7 +42,6 @@ import math
 from collections.abc import Mapping
 
 from protocols.env import ActionRequest, PolicyEnv
-from protocols.policies import register
 from protocols.policies._derivation import (
     DerivationPolicy,
     Evidence,
@@ -53,6 +52,7 @@ from protocols.policies._derivation import (
     query_owners,
 )
 from protocols.policies.metadata_sync import announce_to_all
+from protocols.policies.registry import register
 from protocols.records import HeadInfo
 
 SEED_SEQ = 1  # nodes seed every key at sequence 1 (nodes/node.py op_seed)
@@ -91,6 +91,7 @@ class Adaptive(DerivationPolicy):
     sync mode. Untimed: bookkeeping at unit ends."""
 
     name = "adaptive"
+    display_name = "Adaptive (rho rule)"
     off_path_hooks = frozenset({"at_unit_end"})
 
     def __init__(self, param: int | None = None) -> None:

@@ -17,7 +17,6 @@ from collections.abc import Awaitable, Callable, Mapping
 
 from protocols.env import ActionRequest, PolicyEnv
 from protocols.errors import ConflictError
-from protocols.policies import register
 from protocols.policies._derivation import (
     DerivationPolicy,
     Evidence,
@@ -27,6 +26,7 @@ from protocols.policies._derivation import (
     frontier_known,
     local_heads,
 )
+from protocols.policies.registry import register
 from protocols.records import HeadInfo
 
 
@@ -35,6 +35,7 @@ class AllReplica(DerivationPolicy):
     """On path: N-1 replica reads per pass, fetches. Off path: nothing."""
 
     name = "all_replica"
+    display_name = "All-replica dependency validation"
 
     async def obtain_heads(self, env: PolicyEnv, request: ActionRequest,
                            captured: Mapping[str, bytes], frontier: Mapping[str, bytes],

@@ -21,11 +21,21 @@ from protocols.records import HeadInfo
 
 
 class Policy:
+    #: Safety categories (the paper's Table 2 groups), as ``category`` returns them.
+    UNSAFE_FRESHNESS: ClassVar[str] = "unsafe_freshness"
+    DELAYED_SYNC: ClassVar[str] = "delayed_sync"
+    DERIVATION_CURRENT: ClassVar[str] = "derivation_current"
+
+    #: The name campaign files use (registered by ``@register``).
     name: ClassVar[str] = ""
+    #: How reports name the policy (default: ``name``).
+    display_name: ClassVar[str] = ""
     #: True if the policy checks derivation currency (F = C = H) before release.
     derivation_current: ClassVar[bool] = True
     #: Whether the central metadata directory must run for this policy.
     needs_central: ClassVar[bool] = False
+    #: Parameters a campaign may give after a slash (``metadata_sync/4``); () = none.
+    params: ClassVar[tuple[int, ...]] = ()
     #: Hooks whose time is not stall (announcements sent in the background, etc.).
     off_path_hooks: ClassVar[frozenset[str]] = frozenset()
 
@@ -35,6 +45,17 @@ class Policy:
     @property
     def label(self) -> str:
         return self.name if self.param is None else f"{self.name}/{self.param}"
+
+    @property
+    def title(self) -> str:
+        """Display name of this configuration (reports use it for rows and legends)."""
+        base = self.display_name or self.name
+        return base if self.param is None else f"{base}/{self.param}"
+
+    @property
+    def category(self) -> str:
+        """Which safety group this configuration belongs to."""
+        return self.DERIVATION_CURRENT if self.derivation_current else self.UNSAFE_FRESHNESS
 
     async def on_seed(self, env: PolicyEnv, head: HeadInfo) -> None:
         """Called at the owner after seeding ``head`` (setup, unmeasured); default: nothing."""

@@ -8,8 +8,8 @@ are compared (a wider query, not a wider D(a)). Off the path: nothing.
 
 from __future__ import annotations
 
-from protocols.policies import register
 from protocols.policies.per_key_all_key import PerKeyAllKey
+from protocols.policies.registry import register
 
 
 @register
@@ -17,4 +17,5 @@ class BatchedAllKey(PerKeyAllKey):
     """On path: M per-owner queries per pass, fetches. Off path: nothing."""
 
     name = "batched_all_key"
+    display_name = "Batched all-key validation"
     per_key = False

@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from protocols.env import ActionRequest, PolicyEnv
-from protocols.policies import register
 from protocols.policies._derivation import (
     DerivationPolicy,
     Evidence,
@@ -25,6 +24,7 @@ from protocols.policies._derivation import (
     local_heads,
     query_owners,
 )
+from protocols.policies.registry import register
 from protocols.records import HeadInfo
 
 
@@ -33,6 +33,7 @@ class CentralizedLineage(DerivationPolicy):
     """On path: one directory read per pass, fetches. Timed off path: a commit per update."""
 
     name = "centralized_lineage"
+    display_name = "Centralized lineage"
     needs_central = True
 
     async def _commit(self, env: PolicyEnv, head: HeadInfo) -> None:

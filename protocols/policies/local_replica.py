@@ -7,9 +7,9 @@ plan's frontier when it can be read locally, so the controller can judge validit
 from __future__ import annotations
 
 from protocols.env import ActionOutcome, ActionRequest, PolicyEnv
-from protocols.policies import register
 from protocols.policies._derivation import best_effort_inputs
 from protocols.policies.base import Policy
+from protocols.policies.registry import register
 
 
 @register
@@ -17,6 +17,7 @@ class LocalReplica(Policy):
     """No work on or off the action path."""
 
     name = "local_replica"
+    display_name = "Local replica"
     derivation_current = False
 
     async def validate(self, env: PolicyEnv, request: ActionRequest) -> ActionOutcome:

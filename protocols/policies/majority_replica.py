@@ -23,7 +23,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from protocols.env import ActionRequest, PolicyEnv
 from protocols.errors import ConflictError, IntegrityError
 from protocols.frontier import EvidenceError
-from protocols.policies import register
 from protocols.policies._derivation import (
     DerivationPolicy,
     Evidence,
@@ -33,6 +32,7 @@ from protocols.policies._derivation import (
     frontier_known,
     local_heads,
 )
+from protocols.policies.registry import register
 from protocols.records import HeadInfo
 
 
@@ -50,6 +50,7 @@ class MajorityReplica(DerivationPolicy):
     """On path: floor(N/2) replica reads per pass, fetches. Timed off path: quorum writes."""
 
     name = "majority_replica"
+    display_name = "Majority-replica validation"
 
     async def on_update(self, env: PolicyEnv, head: HeadInfo) -> None:
         if env.roster.owners.get(head.key) != env.agent_id:

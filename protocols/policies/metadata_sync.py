@@ -27,7 +27,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from protocols.env import ActionRequest, PolicyEnv
 from protocols.errors import ConflictError
 from protocols.frontier import EvidenceError
-from protocols.policies import register
 from protocols.policies._derivation import (
     DerivationPolicy,
     Evidence,
@@ -37,6 +36,7 @@ from protocols.policies._derivation import (
     frontier_known,
     local_heads,
 )
+from protocols.policies.registry import register
 from protocols.records import HeadInfo
 
 
@@ -52,12 +52,23 @@ class MetadataSync(DerivationPolicy):
     """On path: fetches only. Timed off path: the barrier every K units. Untimed: queueing."""
 
     name = "metadata_sync"
+    display_name = "Metadata sync"
+    params = (1, 2, 4, 8, 16)
     off_path_hooks = frozenset({"on_update"})
 
     def __init__(self, param: int | None = None) -> None:
         super().__init__(param)
         self.interval = param or 1
         self._pending: dict[str, HeadInfo] = {}
+
+    @property
+    def title(self) -> str:
+        return f"{self.display_name}, K={self.interval}"
+
+    @property
+    def category(self) -> str:
+        """With K > 1 the synced view can lag the owner: a delayed (unsafe) control."""
+        return self.DELAYED_SYNC if self.interval > 1 else self.DERIVATION_CURRENT
 
     def _owns(self, env: PolicyEnv, head: HeadInfo) -> bool:
         return env.roster.owners.get(head.key) == env.agent_id

@@ -11,7 +11,6 @@ currency). Off the path: nothing.
 from __future__ import annotations
 
 from protocols.env import ActionOutcome, ActionRequest, PolicyEnv
-from protocols.policies import register
 from protocols.policies._derivation import (
     BLOCKING_ERRORS,
     Evidence,
@@ -23,6 +22,7 @@ from protocols.policies._derivation import (
     refresh,
 )
 from protocols.policies.base import Policy
+from protocols.policies.registry import register
 
 
 @register
@@ -30,6 +30,7 @@ class OwnerHeadFreshness(Policy):
     """On path: d owner queries and changed-head fetches. Off path: nothing."""
 
     name = "owner_head_freshness"
+    display_name = "Owner-head freshness"
     derivation_current = False
 
     async def validate(self, env: PolicyEnv, request: ActionRequest) -> ActionOutcome:

@@ -10,8 +10,8 @@ nothing.
 from __future__ import annotations
 
 from protocols.env import ActionRequest, PolicyEnv
-from protocols.policies import register
 from protocols.policies._derivation import OwnerQueryPolicy
+from protocols.policies.registry import register
 
 
 @register
@@ -19,6 +19,7 @@ class PerKeyAllKey(OwnerQueryPolicy):
     """On path: |X| per-key owner queries per pass, fetches. Off path: nothing."""
 
     name = "per_key_all_key"
+    display_name = "Per-key all-key validation"
     per_key = True
 
     def query_scope(self, env: PolicyEnv, request: ActionRequest) -> list[str]:

@@ -8,8 +8,8 @@ Off the path: nothing (no hook does work).
 from __future__ import annotations
 
 from protocols.env import ActionRequest, PolicyEnv
-from protocols.policies import register
 from protocols.policies._derivation import OwnerQueryPolicy
+from protocols.policies.registry import register
 
 
 @register
@@ -17,6 +17,7 @@ class PlanFence(OwnerQueryPolicy):
     """On path: d per-key owner queries per pass, fetches. Off path: nothing."""
 
     name = "planfence"
+    display_name = "PlanFence"
     per_key = True
 
     def query_scope(self, env: PolicyEnv, request: ActionRequest) -> list[str]:

@@ -7,8 +7,8 @@ same after the single replan. Off the path: nothing.
 
 from __future__ import annotations
 
-from protocols.policies import register
 from protocols.policies.planfence import PlanFence
+from protocols.policies.registry import register
 
 
 @register
@@ -16,4 +16,5 @@ class PlanFenceGrouped(PlanFence):
     """On path: one owner query per owner of D(a) per pass, fetches. Off path: nothing."""
 
     name = "planfence_grouped"
+    display_name = "PlanFence, owner-grouped"
     per_key = False

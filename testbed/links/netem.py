@@ -1,4 +1,4 @@
-"""The kernel (tc netem + tbf) link backend and its pure trace-to-schedule compiler.
+"""The kernel link backend: veth pairs, a bridge, and tc netem + tbf per direction.
 
 Rules:
 
@@ -9,19 +9,17 @@ Rules:
 - Each direction gets `netem` as the root qdisc (one-way `delay_ms`, `loss_pct`) and,
   for rate-limited links, a `tbf` child whose rate follows the schedule. The drop-tail
   bound is tbf's byte limit: `queue_bytes`, else `queue_packets` x 1500.
-- A capacity trace cannot be replayed packet by packet by the kernel; it is compiled into
-  one rate per fixed interval (`compile_schedule`), and a trio task changes each tbf's
-  rate at the interval boundaries (pyroute2 calls run in a worker thread). Intervals with
-  no opportunity are explicit zero steps; tbf cannot take a zero rate, so they are applied
-  as `ZERO_RATE_FLOOR_KBIT`, slow enough that nothing but the bucket's burst leaves.
+- A capacity trace is compiled into one rate per fixed interval
+  (``testbed.links.netem_plan``), and a trio task changes each tbf's rate at the
+  interval boundaries (pyroute2 calls run in a worker thread).
 - Deviations from mm-link, documented in docs/links.md: the rate is averaged over an
   interval; the packet meets the delay before the rate limiter (netem is the parent);
   every rate change refills tbf's bucket (one burst passes).
-- Everything created carries the run prefix; with a `Ledger` it is recorded before it
-  is created, so `testbed clean` can remove it after a crash. Kernel errors are raised
-  as `KernelError` (an OSError keeping the kernel's errno).
+- Everything created carries the run prefix and is recorded in the run's ledger before
+  it is created, so `testbed clean` can remove it after a crash. Kernel errors are
+  raised as `KernelError` (an OSError keeping the kernel's errno).
 
-The compiler and the probe run everywhere; the backend needs sch_netem and root.
+The backend needs root and the kernel's sch_netem and sch_tbf.
 """
 
 from __future__ import annotations
@@ -32,141 +30,32 @@ import itertools
 import math
 import os
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
-import numpy as np
 import trio
 
+from testbed.host.kernel import KernelError, kernel_call
+from testbed.host.ledger import Ledger, scratch_ledger
+from testbed.links.backend import LinkHost, ProbeResult
+from testbed.links.netem_plan import (
+    DEFAULT_INTERVAL_MS,
+    ZERO_RATE_FLOOR_KBIT,
+    DirectionPlan,
+    compile_schedule,
+    plan_direction,
+    tbf_params,
+)
 from testbed.links.profiles import LinkSpec, NetworkProfile
-from testbed.links.traces import MTU_BYTES, Trace, kbit_per_opportunity_ms, load_named
-from testbed.netns import KernelError, Ledger, kernel_call
+from testbed.links.traces import Trace, load_named
 
-__all__ = [
-    "DEFAULT_INTERVAL_MS",
-    "ZERO_RATE_FLOOR_KBIT",
-    "DirectionPlan",
-    "NetemBackend",
-    "NetemHost",
-    "RateStep",
-    "compile_schedule",
-    "netem_available",
-    "open_netem_links",
-    "plan_direction",
-    "probe_qdisc",
-    "scratch_netns",
-    "tbf_params",
-]
-
+NAME = "netem"
+PROBE_NAMES = ("veth", "netem", "tbf")
 T = TypeVar("T")
-
-DEFAULT_INTERVAL_MS = 10.0
-"""Rate-change interval; ten changes per second per direction per host."""
-
-ZERO_RATE_FLOOR_KBIT = 8.0
-"""tbf rate standing for zero capacity (1000 B/s: a 1500-byte packet needs 1.5 s)."""
-
-NETEM_DELAY_LIMIT_PACKETS = 100_000
-"""netem's own FIFO only holds packets in flight for the delay; it must never drop."""
-
 _IFNAME_MAX = 15
-_probe_counter = itertools.count()
-
-
-# ----------------------------------------------------------------- pure: schedule compiler
-
-
-@dataclass(frozen=True)
-class RateStep:
-    """From replay time `t_ms` until the next step the link carries `rate_kbit` (0 = outage)."""
-
-    t_ms: float
-    rate_kbit: float
-
-
-def compile_schedule(
-    trace: Trace,
-    *,
-    offset_ms: float,
-    interval_ms: float,
-    duration_ms: float,
-    start_ms: float = 0.0,
-) -> list[RateStep]:
-    """One step per interval over [start_ms, start_ms + duration_ms) of replay time.
-
-    Replay time 0 is trace time `offset_ms`. Each step's rate is what the trace's
-    opportunities in that interval can carry (1500 bytes each); the last interval may
-    be shorter and uses its real width. Compiling a long replay in consecutive pieces
-    (`start_ms` = 0, d, 2d, ...) gives exactly the steps of compiling it whole.
-    """
-    for field_name, value in (("interval_ms", interval_ms), ("duration_ms", duration_ms)):
-        if not (math.isfinite(value) and value > 0):
-            raise ValueError(f"{field_name}: must be a finite number > 0, got {value!r}")
-    for field_name, value in (("offset_ms", offset_ms), ("start_ms", start_ms)):
-        if not (math.isfinite(value) and value >= 0):
-            raise ValueError(f"{field_name}: must be a finite number >= 0, got {value!r}")
-    n_steps = math.ceil(duration_ms / interval_ms - 1e-9)
-    end_ms = start_ms + duration_ms
-    edges = np.minimum(start_ms + np.arange(n_steps + 1, dtype=np.float64) * interval_ms, end_ms)
-    opportunities = trace.opportunities(start_ms, end_ms, offset_ms)
-    # counts[i] = opportunities in [edges[i], edges[i+1])
-    positions = np.searchsorted(opportunities, edges, side="left")
-    counts = np.diff(positions)
-    widths = np.diff(edges)
-    return [
-        RateStep(t_ms=float(edges[i]), rate_kbit=kbit_per_opportunity_ms(int(counts[i]), float(widths[i])))
-        for i in range(n_steps)
-    ]
-
-
-# ----------------------------------------------------------------- pure: qdisc parameters
-
-
-def tbf_params(rate_kbit: float, *, limit_bytes: int) -> dict[str, int]:
-    """pyroute2 `tbf` arguments: rate in bytes/s, burst of one full frame or 1 ms of rate."""
-    effective_kbit = max(rate_kbit, ZERO_RATE_FLOOR_KBIT)
-    rate_bytes_s = max(1, round(effective_kbit * 1000 / 8))
-    burst = max(MTU_BYTES + 14, math.ceil(rate_bytes_s / 1000))
-    return {"rate": rate_bytes_s, "burst": burst, "limit": max(limit_bytes, burst)}
-
-
-@dataclass(frozen=True)
-class DirectionPlan:
-    """Qdiscs of one direction of one host link, before anything touches the kernel."""
-
-    delay_ms: float
-    loss_pct: float
-    limit_bytes: int
-    trace: str | None  # rate follows this trace's schedule
-    rate_kbit: float | None  # fixed rate; None with trace None = delay only
-
-    @property
-    def shaped(self) -> bool:
-        return self.trace is not None or self.rate_kbit is not None
-
-    def netem_params(self) -> dict[str, Any]:
-        return {
-            "delay": round(self.delay_ms * 1000),  # microseconds
-            "loss": self.loss_pct,
-            "limit": NETEM_DELAY_LIMIT_PACKETS,
-        }
-
-
-def plan_direction(link: LinkSpec, direction: str) -> DirectionPlan:
-    """Describe one direction ('up' or 'down') of a profile's access link."""
-    if direction not in ("up", "down"):
-        raise ValueError(f"direction: must be 'up' or 'down', got {direction!r}")
-    limit = link.queue_bytes if link.queue_bytes is not None else link.queue_packets * MTU_BYTES
-    return DirectionPlan(
-        delay_ms=link.delay_ms,
-        loss_pct=link.loss_pct,
-        limit_bytes=limit,
-        trace=link.up_trace if direction == "up" else link.down_trace,
-        rate_kbit=link.rate_kbit,
-    )
-
 
 # ----------------------------------------------------------------- kernel helpers
 
@@ -184,48 +73,46 @@ def _errno_text(exc: BaseException) -> str:
 
 
 @contextlib.contextmanager
-def scratch_netns(prefix: str) -> Iterator[tuple[str, Any]]:
-    """A throwaway namespace `<prefix>ns` with a veth pair `<prefix>a`/`<prefix>b` (up).
+def scratch_veth(prefix: str | None = None) -> Iterator[tuple[str, str, Any]]:
+    """A throwaway namespace with a veth pair (up), recorded in a scratch ledger.
 
-    Yields (namespace name, open pyroute2 IPRoute inside it); everything is removed in
-    `finally`. Raises KernelError if the kernel refuses any step.
+    Yields (namespace, name of one veth end, an open pyroute2 IPRoute inside the
+    namespace); everything is removed on exit. Raises KernelError if the kernel refuses.
     """
     from pyroute2 import IPRoute
-    from pyroute2 import netns as pr_netns
 
-    if len(prefix) + 2 > _IFNAME_MAX:
-        raise ValueError(f"prefix: at most {_IFNAME_MAX - 2} characters, got {prefix!r}")
-    name = f"{prefix}ns"
-    _kernel(f"create netns {name}", lambda: pr_netns.create(name))
-    try:
+    from testbed.host import kernel
+
+    with scratch_ledger(prefix=prefix) as ledger:
+        tag = ledger.prefix
+        name = f"{tag}ns"
+        ledger.record_netns(name)
+        kernel.create_netns(name)
         ipr = _kernel(f"open netlink in {name}", lambda: IPRoute(netns=name))
         try:
-            _kernel(
-                f"add veth {prefix}a in {name}",
-                lambda: ipr.link("add", ifname=f"{prefix}a", kind="veth", peer=f"{prefix}b"),
-            )
-            for end in (f"{prefix}a", f"{prefix}b"):
+            ledger.record_link(f"{tag}a", name)
+            _kernel(f"add veth {tag}a in {name}",
+                    lambda: ipr.link("add", ifname=f"{tag}a", kind="veth", peer=f"{tag}b"))
+            for end in (f"{tag}a", f"{tag}b"):
                 index = _kernel(f"lookup {end}", partial(ipr.link_lookup, ifname=end))[0]
                 _kernel(f"set {end} up", partial(ipr.link, "set", index=index, state="up"))
-            yield name, ipr
+            yield name, f"{tag}a", ipr
         finally:
             ipr.close()
-    finally:
-        with contextlib.suppress(OSError):
-            pr_netns.remove(name)  # removes the veth pair and its qdiscs with it
 
 
-def probe_qdisc(kind: str, params: dict[str, Any], *, prefix: str | None = None) -> tuple[bool, str]:
-    """Try to attach qdisc `kind` to a veth in a scratch namespace; (works, why)."""
+def probe_qdisc(kind: str, params: dict[str, Any], *, prefix: str | None = None,
+                ) -> tuple[bool, str]:
+    """Try to attach qdisc ``kind`` to a veth in a scratch namespace; (works, why)."""
     if os.geteuid() != 0:
-        return False, f"cannot probe {kind}: needs root to create a scratch namespace"
-    tag = prefix or f"tbq{os.getpid() % 100000}{next(_probe_counter)}"
+        return False, f"not probed: {kind} needs root (run `sudo testbed doctor`)"
     stage = "scratch namespace"
     try:
-        with scratch_netns(tag) as (name, ipr):
-            index = ipr.link_lookup(ifname=f"{tag}a")[0]
+        with scratch_veth(prefix) as (name, ifname, ipr):
+            index = ipr.link_lookup(ifname=ifname)[0]
             stage = f"{kind} qdisc"
-            _kernel(f"add {kind} qdisc", lambda: ipr.tc("add", kind, index, handle="1:0", **params))
+            _kernel(f"add {kind} qdisc",
+                    lambda: ipr.tc("add", kind, index, handle="1:0", **params))
             return True, f"{kind} qdisc attached to a veth in scratch namespace {name}"
     except (OSError, ValueError) as exc:
         reason = _errno_text(exc)
@@ -240,16 +127,24 @@ def netem_available(prefix: str | None = None) -> tuple[bool, str]:
     return probe_qdisc("netem", {"delay": 20_000, "loss": 0, "limit": 1000}, prefix=prefix)
 
 
+def probes() -> list[ProbeResult]:
+    """veth pairs, netem and tbf, each tried in a scratch namespace (backend rule 4)."""
+    if os.geteuid() != 0:
+        return [ProbeResult(name, False, "not probed: needs root (run `sudo testbed doctor`)")
+                for name in ("veth", "netem", "tbf")]
+    try:
+        with scratch_veth() as (name, ifname, _ipr):
+            veth = ProbeResult("veth", True, f"veth pair {ifname} up in scratch namespace "
+                               f"{name} (removed)")
+    except OSError as exc:
+        veth = ProbeResult("veth", False, f"scratch namespace with a veth pair failed: "
+                           f"{_errno_text(exc)}")
+    ok, detail = netem_available()
+    tbf_ok, tbf_detail = probe_qdisc("tbf", tbf_params(1000.0, limit_bytes=150_000))
+    return [veth, ProbeResult("netem", ok, detail), ProbeResult("tbf", tbf_ok, tbf_detail)]
+
+
 # ----------------------------------------------------------------- the backend
-
-
-@dataclass(frozen=True)
-class NetemHost:
-    """A host the topology created: its namespace and its /32 address in 198.18.0.0/15."""
-
-    name: str
-    netns: str
-    address: str
 
 
 @dataclass
@@ -308,7 +203,7 @@ class NetemBackend:
             self._iprs[netns] = _kernel(f"open netlink in {netns}", lambda: IPRoute(netns=netns))
         return self._iprs[netns]
 
-    def describe(self, hosts: Sequence[NetemHost]) -> list[tuple[str, str, str, DirectionPlan]]:
+    def describe(self, hosts: Sequence[LinkHost]) -> list[tuple[str, str, str, DirectionPlan]]:
         """Pure: (host, side, interface, plan) for every direction `build` will create."""
         if len(f"{self.prefix}d{max(len(hosts) - 1, 0)}") > _IFNAME_MAX:
             raise ValueError(f"prefix: too long for interface names, got {self.prefix!r}")
@@ -321,7 +216,7 @@ class NetemBackend:
             out.append((host.name, "down", f"{self.prefix}d{i}", plan_direction(self.link, "down")))
         return out
 
-    def build(self, hosts: Sequence[NetemHost]) -> None:
+    def build(self, hosts: Sequence[LinkHost]) -> None:
         """Create the switch namespace, bridge, one veth pair per host, and the qdiscs."""
         netns_of = {h.name: h.netns for h in hosts}
         self._directions = [
@@ -331,7 +226,7 @@ class NetemBackend:
         ]
         self._create(hosts)
 
-    def _create(self, hosts: Sequence[NetemHost]) -> None:
+    def _create(self, hosts: Sequence[LinkHost]) -> None:
         from pyroute2 import netns as pr_netns
 
         if self.ledger is not None:
@@ -345,7 +240,7 @@ class NetemBackend:
         for i, host in enumerate(hosts):
             self._build_host(i, host, br_index)
 
-    def _build_host(self, i: int, host: NetemHost, br_index: int) -> None:
+    def _build_host(self, i: int, host: LinkHost, br_index: int) -> None:
         sw = self._ipr(self.switch_ns)
         up_if, down_if = f"{self.prefix}u{i}", f"{self.prefix}d{i}"
         if self.ledger is not None:
@@ -402,7 +297,23 @@ class NetemBackend:
                             **tbf_params(rate_kbit, limit_bytes=d.plan.limit_bytes)))
             d.current_kbit = rate_kbit
 
-    def counters(self) -> dict[str, dict[str, int]]:
+    @property
+    def name(self) -> str:
+        return NAME
+
+    async def counters(self) -> dict[str, dict[str, int]]:
+        """Per host: packets/bytes sent and drops per direction (``read_counters``)."""
+        counters: dict[str, dict[str, int]] = await trio.to_thread.run_sync(self.read_counters)
+        return counters
+
+    async def statistics(self) -> dict[str, float]:
+        """The kernel keeps no lateness to report; nothing (rule 3 of links.backend)."""
+        return {}
+
+    async def clear_statistics(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+    def read_counters(self) -> dict[str, dict[str, int]]:
         """Per host: packets/bytes sent and drops per direction, from the kernel's stats."""
         with self._lock:
             return self._counters()
@@ -467,11 +378,14 @@ class NetemBackend:
                 await self._replay(chunk_ms)
             self._replay_scope = None
 
-    async def restart_trace(self) -> None:
-        """Restart the replay clock at the trace offset (no-op before `run_schedule`)."""
+    async def restart_trace(self) -> float:
+        """Restart the replay clock at the trace offset (no-op before `run_schedule`);
+        returns the restart time as a time.monotonic() value."""
+        now = time.monotonic()
         if self._replay_scope is not None:
             self._replay_scope.cancel()
         await trio.lowlevel.checkpoint()
+        return now
 
     async def _replay(self, chunk_ms: float) -> None:
         traces = self._traces()
@@ -507,20 +421,22 @@ class NetemBackend:
 @contextlib.asynccontextmanager
 async def open_netem_links(
     profile: NetworkProfile,
-    hosts: Sequence[NetemHost],
+    hosts: Sequence[LinkHost],
     *,
     prefix: str,
     ledger: Ledger | None = None,
-    trace_offset_ms: float = 0.0,
+    trace_offset_s: float = 0.0,
+    seed: int = 0,
     interval_ms: float = DEFAULT_INTERVAL_MS,
 ) -> AsyncIterator[NetemBackend]:
     """Build the netem links for `hosts`, replay the schedule while open, tear down on exit.
 
     Fails fast (KernelError with the errno) when the kernel lacks netem or tbf; it never
-    yields an unshaped link.
+    yields an unshaped link. (``seed`` is accepted for the common interface: the
+    kernel's loss draws are its own.)
     """
     backend = NetemBackend(profile, prefix=prefix, ledger=ledger,
-                           trace_offset_ms=trace_offset_ms, interval_ms=interval_ms)
+                           trace_offset_ms=trace_offset_s * 1000.0, interval_ms=interval_ms)
     try:
         await trio.to_thread.run_sync(backend.build, hosts)
         async with trio.open_nursery() as nursery:

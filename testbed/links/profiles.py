@@ -12,6 +12,8 @@ Rules:
   `queue_bytes`; a packet that arrives at a full queue is dropped (TCP retransmits);
 - `loopback` has no link at all (`link is None`): hosts share the root namespace.
 
+Profiles are registered by name (:func:`register_profile`); the registry is the one
+list of network names: campaign files accept exactly these, reports label them.
 Nothing here touches the kernel; backends (userspace, netem) read these objects.
 """
 
@@ -22,18 +24,20 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
+from testbed.errors import UserError
 from testbed.links.traces import trace_catalogue
 
 __all__ = [
     "DEFAULT_CONGESTION_CONTROL",
     "DEFAULT_DELAY_MS",
     "DEFAULT_QUEUE_PACKETS",
-    "PROFILE_NAMES",
     "TRACE_PROFILES",
     "LinkSpec",
     "NetworkProfile",
     "ProfileError",
     "get_profile",
+    "profile_names",
+    "register_profile",
 ]
 
 DEFAULT_DELAY_MS = 20.0
@@ -41,8 +45,6 @@ DEFAULT_QUEUE_PACKETS = 1000
 """Drop-tail bound per direction; like Linux's default txqueuelen (1.5 MB of full packets)."""
 DEFAULT_CONGESTION_CONTROL = "cubic"
 MIN_QUEUE_BYTES = 1500  # one full-size packet must fit, or the link could carry nothing
-
-PROFILE_NAMES = ("loopback", "fixed", "att", "att2016", "tmobile", "verizon")
 
 TRACE_PROFILES: dict[str, tuple[str, str]] = {
     "att": ("ATT-LTE-driving.up", "ATT-LTE-driving.down"),
@@ -55,7 +57,7 @@ TRACE_PROFILES: dict[str, tuple[str, str]] = {
 _CC_NAME = re.compile(r"^[a-z0-9_]{1,15}$")
 
 
-class ProfileError(ValueError):
+class ProfileError(UserError):
     """Bad profile input from the user; the message names the field and allowed values."""
 
 
@@ -132,6 +134,33 @@ class NetworkProfile:
         return 0.0 if self.link is None else 4.0 * self.link.delay_ms
 
 
+_REGISTRY: dict[str, LinkSpec | None] = {}
+
+
+def register_profile(name: str, link: LinkSpec | None) -> None:
+    """Make ``name`` a network a campaign can use: ``link`` is every host's access link
+    (None: loopback-like, no namespaces and no shaping)."""
+    if not re.match(r"^[a-z][a-z0-9_]{0,31}$", name) or name in _REGISTRY:
+        raise ValueError(f"profile name {name!r}: taken, or not 1-32 of a-z, 0-9, _")
+    _REGISTRY[name] = link
+
+
+def unregister_profile(name: str) -> None:
+    """Forget a registered profile (tests and notebooks that registered their own)."""
+    _REGISTRY.pop(name, None)
+
+
+def profile_names() -> tuple[str, ...]:
+    """Every registered network name, in registration order."""
+    return tuple(_REGISTRY)
+
+
+register_profile("loopback", None)
+register_profile("fixed", LinkSpec())
+for _name, (_up, _down) in TRACE_PROFILES.items():
+    register_profile(_name, LinkSpec(up_trace=_up, down_trace=_down))
+
+
 def get_profile(
     name: str,
     *,
@@ -142,13 +171,14 @@ def get_profile(
     queue_bytes: int | None = None,
     congestion_control: str | None = None,
 ) -> NetworkProfile:
-    """Build a named profile, with optional overrides (None keeps the default).
+    """Build a registered profile, with optional overrides (None keeps the default).
 
-    `rate_kbit` is accepted only by `fixed`; `loopback` accepts no link overrides.
+    `rate_kbit` is accepted only by profiles without traces; an unshaped profile
+    (loopback) accepts no link overrides.
     """
-    if name not in PROFILE_NAMES:
+    if name not in _REGISTRY:
         raise ProfileError(
-            f"network: unknown profile {name!r}; allowed: {', '.join(PROFILE_NAMES)}"
+            f"network: unknown profile {name!r}; allowed: {', '.join(profile_names())}"
         )
     cc = DEFAULT_CONGESTION_CONTROL if congestion_control is None else congestion_control
     if not isinstance(cc, str) or not _CC_NAME.match(cc):
@@ -164,30 +194,29 @@ def get_profile(
         "queue_bytes": queue_bytes,
     }
     given = {k: v for k, v in overrides.items() if v is not None}
-    if name == "loopback":
+    base = _REGISTRY[name]
+    if base is None:
         if given:
             field = next(iter(given))
+            shaped = [p for p, link in _REGISTRY.items() if link is not None]
             raise ProfileError(
-                f"{field}: the loopback profile has no link to shape; "
-                f"allowed only with: {', '.join(p for p in PROFILE_NAMES if p != 'loopback')}"
+                f"{field}: the {name} profile has no link to shape; "
+                f"allowed only with: {', '.join(shaped)}"
             )
         return NetworkProfile(name=name, link=None, congestion_control=cc)
-    if name == "fixed":
-        base = LinkSpec()
-    else:
+    if base.trace_driven:
         if "rate_kbit" in given:
+            untraced = [p for p, link in _REGISTRY.items() if link and not link.trace_driven]
             raise ProfileError(
                 f"rate_kbit: profile {name!r} takes its rate from its traces; "
-                "rate_kbit is allowed only with: fixed"
+                f"rate_kbit is allowed only with: {', '.join(untraced)}"
             )
-        up, down = TRACE_PROFILES[name]
         catalogue = trace_catalogue()
-        for trace in (up, down):
+        for trace in (base.up_trace, base.down_trace):
             if trace not in catalogue:
                 raise ProfileError(
                     f"network: profile {name!r} needs trace {trace!r}, which is missing "
                     "from the trace folder (see `testbed traces list`)"
                 )
-        base = LinkSpec(up_trace=up, down_trace=down)
     link = replace(base, **given)  # __post_init__ validates the overrides
     return NetworkProfile(name=name, link=link, congestion_control=cc)

@@ -26,6 +26,8 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+from testbed.errors import UserError
+
 __all__ = [
     "MTU_BYTES",
     "TRACE_DIR",
@@ -54,7 +56,7 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
 
-class TraceError(ValueError):
+class TraceError(UserError):
     """A trace file or trace name is unusable; the message names the file and line."""
 
 
@@ -217,8 +219,17 @@ def trace_dir() -> Path:
     return Path(override) if override else TRACE_DIR
 
 
-TRACE_DIR: Path = Path(__file__).resolve().parents[2] / "traces"
-"""The repository's shipped traces (found relative to this package)."""
+def _shipped_dir() -> Path:
+    """Where the shipped traces are: ``testbed/traces`` in an installed wheel, else the
+    source checkout's top-level ``traces/`` (their source, which the wheel is built from)."""
+    installed = Path(__file__).resolve().parents[1] / "traces"
+    if installed.is_dir():
+        return installed
+    return Path(__file__).resolve().parents[2] / "traces"
+
+
+TRACE_DIR: Path = _shipped_dir()
+"""The shipped traces (see :func:`_shipped_dir`)."""
 
 
 def trace_catalogue(directory: Path | None = None) -> dict[str, Path]:

@@ -1,350 +1,256 @@
-"""The userspace link model (Mahimahi's mm-link + mm-delay), pure: no kernel, time is an input.
+"""The userspace link backend: a TUN device per host and one emulator process.
 
-Rules of the model (one `LinkQueue` per host per direction):
+Rules:
 
-- A packet offered at time t joins a FIFO drop-tail queue. It is dropped on arrival if the
-  queue would then hold more than `queue_packets` packets or `queue_bytes` bytes (the
-  packet partly sent at an opportunity still counts as queued).
-- The queue drains only at delivery opportunities. Each opportunity carries up to 1500
-  bytes of queued data: several small packets, or a slice of a large one (a packet leaves
-  when its last byte has been carried). Bytes an opportunity cannot use are lost, as in
-  mm-link. An opportunity at time T serves only packets that arrived at or before T.
-- Opportunities come from a capacity trace (stamps in ms, wrapping with the last stamp as
-  period, replay starting at `offset_ms`), or every 1500*8/rate_kbit ms for a fixed rate,
-  or the link is unlimited (a packet is released the moment it arrives).
-- A released packet is lost with probability `loss_pct` (seeded RNG), otherwise it leaves
-  the link `delay_ms` after its release (constant delay keeps FIFO order).
-- Times are model milliseconds (the emulator feeds `time.monotonic()` * 1000). Exit times
-  are *ideal* times (release time + delay), not the time the caller happened to look, so
-  wake-up lateness of one stage never accumulates into the next.
-- On a zero-capacity stretch of a trace (the AT&T uplink has stretches of many seconds)
-  packets wait in the queue until the next opportunity, or are dropped once it is full.
-
-`EmulatorCore` joins the per-host links: a packet read from host A's TUN device crosses
-A's uplink, then the downlink of the host that owns its IPv4 destination address.
+- Host i's TUN device is ``<prefix>t<i>``, created in the root namespace (recorded in
+  the ledger first), moved into the host's namespace and given the host's /32 address
+  with 198.18.0.0/15 routed through it, so no traffic can leave for anywhere else.
+- The emulator (``python -m testbed.links.emulator``) inherits every TUN fd and runs
+  the link model (``testbed.links.model``) in a select() loop; its pid is recorded in
+  the ledger as soon as it starts. It is a process, not a thread of the controller, so
+  the controller's GIL never delays a packet (docs/emulator.md).
+- The devices are non-persistent: they vanish when the last fd closes, which happens
+  after the emulator has stopped.
 """
 
 from __future__ import annotations
 
-import bisect
-import math
-import random
-from collections import deque
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+import contextlib
+import os
+import socket
+import sys
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
 
-PACKET_BYTES = 1500
-"""Bytes one delivery opportunity carries (mm-link's fixed packet size)."""
+import trio
 
+from testbed.errors import RunFailure
+from testbed.host import kernel
+from testbed.host.ledger import Ledger, scratch_ledger
+from testbed.links.backend import LinkHost, ProbeResult
+from testbed.links.emulator import decode_message, encode_message, new_decoder, spec_to_wire
+from testbed.links.model import DirectionSpec, direction_spec
+from testbed.links.profiles import NetworkProfile
 
-class Schedule(Protocol):
-    """Delivery opportunities, indexed k = 0, 1, 2, ... in time order from replay start."""
-
-    def time_of(self, k: int) -> float:
-        """Replay time (ms since the trace clock started) of opportunity k."""
-        ...
-
-    def first_at_or_after(self, t_ms: float) -> int:
-        """Index of the first opportunity at replay time >= t_ms."""
-        ...
-
-
-class TraceSchedule:
-    """Opportunities of a Mahimahi trace, unrolled periodically and started at `offset_ms`."""
-
-    def __init__(self, stamps_ms: Sequence[int], period_ms: int, offset_ms: float = 0.0) -> None:
-        stamps = [int(s) for s in stamps_ms]
-        if not stamps or period_ms <= 0 or stamps[-1] != period_ms:
-            raise ValueError("stamps_ms: non-empty, sorted, last stamp = period_ms > 0")
-        if offset_ms < 0 or not math.isfinite(offset_ms):
-            raise ValueError(f"offset_ms: a finite number >= 0, got {offset_ms!r}")
-        self._stamps = stamps
-        self._n = len(stamps)
-        self._period = period_ms
-        self._offset = math.fmod(offset_ms, period_ms)
-
-    def time_of(self, k: int) -> float:
-        cycle, i = divmod(k, self._n)
-        return cycle * self._period + self._stamps[i] - self._offset
-
-    def first_at_or_after(self, t_ms: float) -> int:
-        trace_t = max(0.0, t_ms + self._offset)  # the trace unrolls from trace time 0
-        cycle = math.floor(trace_t / self._period)
-        # Stamps of cycle c lie in [c*period, (c+1)*period]: look in the previous cycle
-        # too, because its last stamp equals this cycle's start.
-        for c in (max(0, cycle - 1), cycle):
-            i = bisect.bisect_left(self._stamps, trace_t - c * self._period)
-            if i < self._n:
-                return c * self._n + i
-        return (cycle + 1) * self._n  # unreachable: stamps[-1] == period
+NAME = "userspace"
+PROBE_NAMES = ("tun",)
 
 
-class RateSchedule:
-    """One opportunity every 1500*8/rate_kbit ms, starting at replay time 0."""
-
-    def __init__(self, rate_kbit: float) -> None:
-        if not rate_kbit > 0:
-            raise ValueError(f"rate_kbit: a number > 0, got {rate_kbit!r}")
-        self.interval_ms = PACKET_BYTES * 8 / rate_kbit
-
-    def time_of(self, k: int) -> float:
-        return k * self.interval_ms
-
-    def first_at_or_after(self, t_ms: float) -> int:
-        return max(0, math.ceil(t_ms / self.interval_ms - 1e-9))
-
-
-@dataclass
-class DirectionCounters:
-    packets: int = 0
-    bytes: int = 0
-    drops: int = 0
-
-
-class LinkQueue:
-    """One direction of one access link: drop-tail queue, opportunities, delay, loss."""
-
-    def __init__(
-        self,
-        schedule: Schedule | None,
-        *,
-        delay_ms: float = 0.0,
-        loss_pct: float = 0.0,
-        queue_packets: int | None = None,
-        queue_bytes: int | None = None,
-        rng: random.Random | None = None,
-        origin_ms: float = 0.0,
-    ) -> None:
-        self.schedule = schedule
-        self.delay_ms = delay_ms
-        self.loss_fraction = loss_pct / 100.0
-        self.queue_packets = queue_packets
-        self.queue_bytes = queue_bytes
-        self.rng = rng or random.Random(0)
-        self.origin_ms = origin_ms
-        # queue items: [arrival_ms, size, item, bytes_left]
-        self._queue: deque[list[Any]] = deque()
-        self._queued_bytes = 0
-        self._next_k = 0  # next unused opportunity; meaningful while the queue is non-empty
-        self._delay_line: deque[tuple[float, int, Any]] = deque()
-        self.counters = DirectionCounters()
-
-    # -- inputs
-
-    def restart(self, origin_ms: float) -> None:
-        """Restart the trace clock: replay time 0 (= the offset in the trace) is origin_ms."""
-        self.origin_ms = origin_ms
-        if self._queue:
-            self._next_k = self._first_k(max(origin_ms, self._queue[0][0]))
-
-    def offer(self, item: Any, size: int, t_ms: float) -> bool:
-        """A packet of SIZE bytes arrives at T_MS; False if the drop-tail queue refused it."""
-        if self.schedule is None:
-            self._release(item, size, t_ms)
-            return True
-        if (self.queue_packets is not None and len(self._queue) + 1 > self.queue_packets) or (
-            self.queue_bytes is not None and self._queued_bytes + size > self.queue_bytes
-        ):
-            self.counters.drops += 1
-            return False
-        if not self._queue:
-            self._next_k = self._first_k(t_ms)
-        self._queue.append([t_ms, size, item, size])
-        self._queued_bytes += size
-        return True
-
-    # -- time
-
-    def next_event_ms(self) -> float | None:
-        """When something next happens (an opportunity with work, or an exit), or None."""
-        nxt: float | None = self._delay_line[0][0] if self._delay_line else None
-        if self._queue and self.schedule is not None:
-            t = self._time(self._next_k)
-            nxt = t if nxt is None else min(nxt, t)
-        return nxt
-
-    def advance(self, now_ms: float) -> list[tuple[float, Any]]:
-        """Use every opportunity up to NOW_MS; return (exit_ms, item) of packets that left."""
-        if self.schedule is not None:
-            self._drain(now_ms)
-        out: list[tuple[float, Any]] = []
-        line = self._delay_line
-        while line and line[0][0] <= now_ms:
-            exit_ms, size, item = line.popleft()
-            self.counters.packets += 1
-            self.counters.bytes += size
-            out.append((exit_ms, item))
-        return out
-
-    @property
-    def queued_packets(self) -> int:
-        return len(self._queue)
-
-    @property
-    def queued_bytes(self) -> int:
-        return self._queued_bytes
-
-    # -- internals
-
-    def _time(self, k: int) -> float:
-        assert self.schedule is not None
-        return self.origin_ms + self.schedule.time_of(k)
-
-    def _first_k(self, t_ms: float) -> int:
-        assert self.schedule is not None
-        return self.schedule.first_at_or_after(t_ms - self.origin_ms)
-
-    def _drain(self, now_ms: float) -> None:
-        queue = self._queue
-        while queue:
-            t_opp = self._time(self._next_k)
-            if t_opp > now_ms:
-                return
-            if queue[0][0] > t_opp:  # head arrived after this opportunity: skip ahead
-                self._next_k = self._first_k(queue[0][0])
-                continue
-            budget = PACKET_BYTES
-            while budget > 0 and queue and queue[0][0] <= t_opp:
-                head = queue[0]
-                used = min(budget, head[3])
-                head[3] -= used
-                budget -= used
-                if head[3] == 0:
-                    queue.popleft()
-                    self._queued_bytes -= head[1]
-                    self._release(head[2], head[1], t_opp)
-            self._next_k += 1
-
-    def _release(self, item: Any, size: int, t_ms: float) -> None:
-        if self.loss_fraction > 0.0 and self.rng.random() < self.loss_fraction:
-            self.counters.drops += 1
-            return
-        self._delay_line.append((t_ms + self.delay_ms, size, item))
+class EmulatorError(RunFailure):
+    """The emulator process failed or refused its configuration."""
 
 
 @dataclass(frozen=True)
-class DirectionSpec:
-    """Everything the emulator needs for one direction of one host's link (plain data)."""
-
-    delay_ms: float = 0.0
-    loss_pct: float = 0.0
-    queue_packets: int | None = None
-    queue_bytes: int | None = None
-    rate_kbit: float | None = None
-    trace_name: str | None = None
-    stamps_ms: tuple[int, ...] | None = field(default=None, repr=False)
-    period_ms: int | None = None
-    offset_ms: float = 0.0
-
-    def schedule(self) -> Schedule | None:
-        if self.stamps_ms is not None and self.period_ms is not None:
-            return TraceSchedule(self.stamps_ms, self.period_ms, self.offset_ms)
-        if self.rate_kbit is not None:
-            return RateSchedule(self.rate_kbit)
-        return None
-
-    def make_queue(self, rng: random.Random, origin_ms: float = 0.0) -> LinkQueue:
-        return LinkQueue(
-            self.schedule(),
-            delay_ms=self.delay_ms,
-            loss_pct=self.loss_pct,
-            queue_packets=self.queue_packets,
-            queue_bytes=self.queue_bytes,
-            rng=rng,
-            origin_ms=origin_ms,
-        )
-
-
-def direction_spec(link: Any, direction: str, *, offset_ms: float = 0.0) -> DirectionSpec:
-    """DirectionSpec of one direction ("up"/"down") of a profiles.LinkSpec."""
-    if direction not in ("up", "down"):
-        raise ValueError(f"direction: 'up' or 'down', got {direction!r}")
-    trace_name = link.up_trace if direction == "up" else link.down_trace
-    stamps: tuple[int, ...] | None = None
-    period: int | None = None
-    if trace_name is not None:
-        from testbed.links.traces import load_named
-
-        trace = load_named(trace_name)
-        stamps = tuple(int(s) for s in trace.stamps_ms.tolist())
-        period = int(trace.period_ms)
-    return DirectionSpec(
-        delay_ms=float(link.delay_ms),
-        loss_pct=float(link.loss_pct),
-        queue_packets=link.queue_packets,
-        queue_bytes=link.queue_bytes,
-        rate_kbit=None if trace_name is not None else link.rate_kbit,
-        trace_name=trace_name,
-        stamps_ms=stamps,
-        period_ms=period,
-        offset_ms=offset_ms,
-    )
-
-
-@dataclass
-class HostLinks:
+class EmulatedHost:
     name: str
-    address: bytes  # 4-byte IPv4
-    up: LinkQueue
-    down: LinkQueue
+    address: str
+    tun_fd: int
+    up: DirectionSpec
+    down: DirectionSpec
 
 
-class EmulatorCore:
-    """Routes packets between hosts: sender's uplink, then the receiver's downlink."""
+def tun_name(prefix: str, index: int) -> str:
+    return f"{prefix}t{index}"
 
-    def __init__(self, hosts: Sequence[HostLinks]) -> None:
-        self.hosts = list(hosts)
-        self._by_address = {h.address: i for i, h in enumerate(self.hosts)}
-        self.unroutable = 0
 
-    def receive(self, src: int, packet: bytes, now_ms: float) -> None:
-        """A raw IP packet read from host SRC's TUN device at NOW_MS."""
-        if len(packet) < 20 or packet[0] >> 4 != 4:
-            self.unroutable += 1  # not IPv4 (e.g. IPv6 router solicitations): never forwarded
-            return
-        dst = self._by_address.get(packet[16:20])
-        if dst is None or dst == src:
-            self.unroutable += 1
-            return
-        self.hosts[src].up.offer((dst, packet), len(packet), now_ms)
+class EmulatorHandle:
+    """The controller's side of the emulator: one request at a time."""
 
-    def advance(self, now_ms: float) -> list[tuple[float, int, bytes]]:
-        """Move time to NOW_MS; returns (ideal exit ms, destination host, packet) to write."""
-        hosts = self.hosts
-        for h in hosts:
-            if h.up._delay_line or h.up._queue:
-                for exit_ms, (dst, packet) in h.up.advance(now_ms):
-                    hosts[dst].down.offer((dst, packet), len(packet), exit_ms)
-        out: list[tuple[float, int, bytes]] = []
-        for h in hosts:
-            if h.down._delay_line or h.down._queue:
-                out.extend((t, dst, pkt) for t, (dst, pkt) in h.down.advance(now_ms))
-        return out
+    def __init__(self, sock: trio.socket.SocketType, process: trio.Process) -> None:
+        self._sock = sock
+        self.process = process
+        self._lock = trio.Lock()
+        self._decoder = new_decoder()
 
-    def next_event_ms(self) -> float | None:
-        times = [
-            t
-            for h in self.hosts
-            for t in (h.up.next_event_ms(), h.down.next_event_ms())
-            if t is not None
-        ]
-        return min(times) if times else None
+    async def request(self, body: dict[str, Any]) -> dict[str, Any]:
+        async with self._lock:
+            view = memoryview(encode_message(body))  # trio sockets have no sendall
+            while view:
+                n = await self._sock.send(view)
+                view = view[n:]
+            while (frame := self._decoder.next_frame()) is None:
+                chunk = await self._sock.recv(1 << 20)
+                if not chunk:
+                    raise EmulatorError(f"emulator process {self.process.pid} exited "
+                                        f"(status {self.process.returncode})")
+                self._decoder.receive_data(chunk)
+        reply = decode_message(frame)
+        if not reply.get("ok"):
+            raise EmulatorError(f"emulator refused {body.get('op')}: {reply.get('error')}")
+        return reply
 
-    def restart(self, now_ms: float) -> None:
-        for h in self.hosts:
-            h.up.restart(now_ms)
-            h.down.restart(now_ms)
+    async def restart_trace(self) -> float:
+        """Restart every trace clock; returns replay time 0 as time.monotonic() seconds."""
+        reply = await self.request({"op": "restart"})
+        return float(reply["origin_ms"]) / 1000.0
 
-    def counters(self) -> dict[str, dict[str, int]]:
+    async def clear_lateness(self) -> None:
+        await self.request({"op": "clear_lateness"})
+
+    async def counters(self) -> dict[str, dict[str, int]]:
+        reply = await self.request({"op": "counters"})
+        return {str(k): dict(v) for k, v in reply["counters"].items()}
+
+    async def statistics(self) -> dict[str, float]:
+        """Emulator health: unroutable packets, failed writes, write lateness percentiles."""
+        reply = await self.request({"op": "counters"})
+        hist = [int(x) for x in reply["lateness"]]
+        bin_ms = int(reply["lateness_bin_us"]) / 1000.0
         return {
-            h.name: {
-                "up_packets": h.up.counters.packets,
-                "up_bytes": h.up.counters.bytes,
-                "up_drops": h.up.counters.drops,
-                "down_packets": h.down.counters.packets,
-                "down_bytes": h.down.counters.bytes,
-                "down_drops": h.down.counters.drops,
-            }
-            for h in self.hosts
+            "unroutable": int(reply["unroutable"]),
+            "write_errors": int(reply["write_errors"]),
+            "written": sum(hist),
+            "realtime": float(bool(reply["realtime"])),
+            "late_p50_ms": hist_quantile(hist, 0.5) * bin_ms,
+            "late_p99_ms": hist_quantile(hist, 0.99) * bin_ms,
         }
+
+
+def hist_quantile(hist: Sequence[int], q: float) -> float:
+    """Upper edge (in bins) of the bin holding quantile Q; 0 for an empty histogram."""
+    total = sum(hist)
+    if total == 0:
+        return 0.0
+    seen = 0
+    for i, n in enumerate(hist):
+        seen += n
+        if seen >= q * total:
+            return float(i + 1)
+    return float(len(hist))
+
+
+@asynccontextmanager
+async def open_emulator(hosts: Sequence[EmulatedHost], *, seed: int = 0,
+                        on_start: Callable[[int], None] | None = None,
+                        ) -> AsyncIterator[EmulatorHandle]:
+    """Start the emulator process with the hosts' TUN fds, configure it, stop it on exit.
+
+    ON_START(pid) is called right after the process starts (the backend records it in
+    its ledger, so `testbed clean` can stop it after a crash).
+    """
+    parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    fds = [h.tun_fd for h in hosts]
+    try:
+        process = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "testbed.links.emulator", "--control-fd",
+             str(child_sock.fileno())],
+            pass_fds=[child_sock.fileno(), *fds],
+        )
+    finally:
+        child_sock.close()
+    handle = EmulatorHandle(trio.socket.from_stdlib_socket(parent_sock), process)
+    try:
+        if on_start is not None:
+            on_start(process.pid)
+        specs: list[DirectionSpec] = []
+        for h in hosts:
+            for spec in (h.up, h.down):
+                if not any(spec is known for known in specs):
+                    specs.append(spec)
+
+        def index(spec: DirectionSpec) -> int:
+            return next(i for i, known in enumerate(specs) if known is spec)
+
+        await handle.request({
+            "op": "configure", "seed": seed,
+            "specs": [spec_to_wire(spec) for spec in specs],
+            "hosts": [{"name": h.name, "address": h.address, "fd": h.tun_fd,
+                       "up": index(h.up), "down": index(h.down)} for h in hosts],
+        })
+        yield handle
+    finally:
+        with trio.CancelScope(shield=True):
+            with contextlib.suppress(EmulatorError, OSError), trio.move_on_after(2):
+                await handle.request({"op": "stop"})
+            with trio.move_on_after(3):
+                await process.wait()
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+            parent_sock.close()
+
+
+class UserspaceLinks:
+    """The live userspace backend (``testbed.links.backend.LinkBackend``)."""
+
+    def __init__(self, emulator: EmulatorHandle) -> None:
+        self.emulator = emulator
+
+    @property
+    def name(self) -> str:
+        return NAME
+
+    async def restart_trace(self) -> float:
+        return await self.emulator.restart_trace()
+
+    async def counters(self) -> dict[str, dict[str, int]]:
+        return await self.emulator.counters()
+
+    async def statistics(self) -> dict[str, float]:
+        return await self.emulator.statistics()
+
+    async def clear_statistics(self) -> None:
+        await self.emulator.clear_lateness()
+
+
+def _setup_tun(ledger: Ledger, host: LinkHost, ifname: str) -> int:
+    ledger.record_link(ifname, host.netns)
+    fd = kernel.open_tun(ifname)
+    try:
+        kernel.move_link(ifname, host.netns)
+        kernel.configure_host_link(host.netns, ifname, host.address)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+@asynccontextmanager
+async def open_userspace_links(profile: NetworkProfile, hosts: Sequence[LinkHost], *,
+                               prefix: str, ledger: Ledger, trace_offset_s: float = 0.0,
+                               seed: int = 0) -> AsyncIterator[UserspaceLinks]:
+    """TUN devices for ``hosts`` and an emulator running ``profile``'s links."""
+    link = profile.link
+    if link is None:
+        raise ValueError(f"profile {profile.name!r} has no link to emulate")
+    offset_ms = trace_offset_s * 1000.0
+    up = direction_spec(link, "up", offset_ms=offset_ms)
+    down = direction_spec(link, "down", offset_ms=offset_ms)
+    fds: list[int] = []
+    try:
+        for i, host in enumerate(hosts):
+            fds.append(await trio.to_thread.run_sync(
+                _setup_tun, ledger, host, tun_name(prefix, i)))
+        emulated = [EmulatedHost(h.name, h.address, fd, up, down)
+                    for h, fd in zip(hosts, fds, strict=True)]
+        async with open_emulator(emulated, seed=seed,
+                                 on_start=ledger.record_process) as emulator:
+            yield UserspaceLinks(emulator)
+    finally:
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def probes() -> list[ProbeResult]:
+    """Can a TUN device be created inside a fresh namespace here? (backend rule 4)."""
+    if os.geteuid() != 0:
+        return [ProbeResult("tun", False, "not probed: needs root (run `sudo testbed doctor`)")]
+    if not os.path.exists(kernel.TUN_PATH):
+        return [ProbeResult("tun", False, f"{kernel.TUN_PATH} does not exist (no TUN driver; "
+                            "load it with `modprobe tun`)")]
+    try:
+        with scratch_ledger() as ledger:
+            netns = f"{ledger.prefix}-probe"
+            ledger.record_netns(netns)
+            kernel.create_netns(netns)
+            ifname = tun_name(ledger.prefix, 0)
+            ledger.record_link(ifname, netns)
+            fd = kernel.run_in_netns(netns, lambda: kernel.open_tun(ifname))
+            os.close(fd)
+    except OSError as exc:
+        return [ProbeResult("tun", False, f"TUN device in a scratch namespace failed: {exc}")]
+    return [ProbeResult("tun", True, f"TUN device {ifname} created via TUNSETIFF in scratch "
+                        f"namespace {netns} (removed)")]

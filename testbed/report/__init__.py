@@ -3,9 +3,6 @@
 Layers (each imports only those above it): ``naming`` (policy names and categories),
 ``load`` (run directory -> frames), ``stats`` (medians, IQR, two-stage bootstrap, tie
 rule), ``slicing`` (which slice a table shows), ``tabular`` (table model and writers),
-``tables`` and ``figures`` (the layouts), ``render`` (report.md/html), ``build``.
+``tables`` and ``figures`` (the layouts), ``render`` (report.md/html), ``build``
+(``build_report``, the entry point). This package module imports none of them.
 """
-
-from testbed.report.build import build_report
-
-__all__ = ["build_report"]

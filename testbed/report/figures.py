@@ -20,8 +20,9 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from testbed.report import naming, slicing
-from testbed.report.load import CELL_COLUMNS, Run
+from testbed.report.load import Run
 from testbed.report.stats import TIE_FRACTION, practical_tie, summarise
+from testbed.results.schema import STRATUM_COLUMNS as CELL_COLUMNS
 
 COLORS = {
     "metadata_sync": "#1f77b4",

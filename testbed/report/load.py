@@ -17,25 +17,9 @@ from typing import Any
 
 import pandas as pd
 
-# Columns that identify a configuration (a stratum) apart from the policy.
-CELL_COLUMNS = (
-    "network",
-    "backend",
-    "trace_offset_s",
-    "connection",
-    "agents",
-    "keys",
-    "deps",
-    "rho",
-    "tier",
-    "units",
-)
-# Columns that fix a workload schedule (identical across policies and connections).
-SCHEDULE_COLUMNS = ("agents", "keys", "deps", "rho", "units", "tier", "family", "template")
-
-
-class RunDirError(ValueError):
-    """The run directory is missing a file or a required column (the caller's input)."""
+from testbed.results.rundir import RunDirError
+from testbed.results.schema import SCHEDULE_COLUMNS
+from testbed.results.schema import STRATUM_COLUMNS as CELL_COLUMNS
 
 
 @dataclass(frozen=True)

@@ -1,32 +1,29 @@
 """Policy display names, categories and row order used by every table and figure.
 
-Categories follow the paper's Table 2: policies that check only observation currency
-("unsafe freshness"), metadata sync with a barrier interval K > 1 ("delayed sync"),
-and every other policy ("derivation-current"). Unknown policy names are kept and
-treated as derivation-current so a new policy never breaks a report.
+Names and categories come from the policy registry (``protocols.policies``: each
+policy's ``title`` and ``category``), so a newly registered policy is labelled without
+touching this module. Categories follow the paper's Table 2: policies that check only
+observation currency ("unsafe freshness"), metadata sync with a barrier interval K > 1
+("delayed sync"), and every other policy ("derivation-current"). A name the registry
+does not know (a run made with a plugin policy) is kept as is and treated as
+derivation-current, so it never breaks a report.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+from protocols.policies import Policy, describe_policy
+
 UNSAFE = "Unsafe freshness"
 DELAYED = "Delayed sync (unsafe)"
 CURRENT = "Derivation-current"
 CATEGORY_ORDER = (UNSAFE, DELAYED, CURRENT)
 
-_NAMES = {
-    "local_replica": "Local replica",
-    "owner_head_freshness": "Owner-head freshness",
-    "centralized_lineage": "Centralized lineage",
-    "metadata_sync": "Metadata sync, K=1",
-    "per_key_all_key": "Per-key all-key validation",
-    "batched_all_key": "Batched all-key validation",
-    "all_replica": "All-replica dependency validation",
-    "majority_replica": "Majority-replica validation",
-    "planfence": "PlanFence",
-    "planfence_grouped": "PlanFence, owner-grouped",
-    "adaptive": "Adaptive (rho rule)",
+_LABELS = {
+    Policy.UNSAFE_FRESHNESS: UNSAFE,
+    Policy.DELAYED_SYNC: DELAYED,
+    Policy.DERIVATION_CURRENT: CURRENT,
 }
 
 # Row order inside a category (unlisted names sort after these, alphabetically).
@@ -67,19 +64,17 @@ def sync_interval(policy: str) -> int | None:
 
 
 def display_name(policy: str) -> str:
-    k = sync_interval(policy)
-    if k is not None:
-        return f"Metadata sync, K={k}"
-    return _NAMES.get(policy, policy)
+    try:
+        return describe_policy(policy).title
+    except ValueError:  # not registered in this process
+        return policy
 
 
 def category(policy: str) -> str:
-    if policy in ("local_replica", "owner_head_freshness"):
-        return UNSAFE
-    k = sync_interval(policy)
-    if k is not None and k > 1:
-        return DELAYED
-    return CURRENT
+    try:
+        return _LABELS[describe_policy(policy).category]
+    except ValueError:
+        return CURRENT
 
 
 def sort_key(policy: str) -> tuple[int, int, int, str]:

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from testbed.report.load import CELL_COLUMNS
+from testbed.links.profiles import profile_names
+from testbed.results.schema import STRATUM_COLUMNS as CELL_COLUMNS
 
 PREFERRED: dict[str, object] = {
     "agents": 5,
@@ -26,7 +27,6 @@ PREFERRED: dict[str, object] = {
     "trace_offset_s": 0.0,
     "network": "att",
 }
-NETWORK_ORDER = ("loopback", "fixed", "att", "att2016", "tmobile", "verizon")
 
 
 def _matches(series: pd.Series, value: object) -> pd.Series:
@@ -78,9 +78,9 @@ def slice_for(
 
 
 def networks(episodes: pd.DataFrame) -> list[str]:
-    """Networks present, in the paper's order (unknown names last)."""
+    """Networks present, in the profile registry's order (unknown names last)."""
     present = {str(n) for n in episodes["network"].unique()}
-    known = [n for n in NETWORK_ORDER if n in present]
+    known = [n for n in profile_names() if n in present]
     return known + sorted(present - set(known))
 
 

@@ -19,14 +19,15 @@ import msgpack
 import pytest
 import trio
 
+from nodes.client import open_rpc_client
 from nodes.rpc import call_fetch, call_heads
-from nodes.transport import Counters, open_rpc_client
+from nodes.transport import Counters
 from protocols import wire
 from protocols.auth import ChannelInitiator, Session
 from protocols.errors import IntegrityError, RemoteCallError
 from protocols.identity import CENTRAL_ID, Identity
 from protocols.records import HeadInfo, Record, make_record
-from testbed.team import Team, key_owners, open_team
+from testbed.run.team import Team, key_owners, open_team
 
 AGENTS = ["a0", "a1"]
 OWNERS = key_owners(AGENTS, 2)  # a0: k000, a1: k001

@@ -17,12 +17,13 @@ from pathlib import Path
 import pytest
 import trio
 
+from nodes.client import open_rpc_client
 from nodes.control import ControlClient
 from nodes.rpc import call_fetch, call_heads, call_install, call_versions
-from nodes.transport import Counters, open_rpc_client
+from nodes.transport import Counters
 from protocols.errors import RemoteCallError
 from protocols.records import make_record
-from testbed.team import NodeDied, NodeOpError, Team, key_owners, open_team
+from testbed.run.team import NodeDied, NodeOpError, Team, key_owners, open_team
 
 AGENTS = ["a0", "a1", "a2"]
 PLUGIN = "tests.nodes.probe_policy"
@@ -249,7 +250,7 @@ def _make_netns(name: str) -> None:
     """A namespace with lo up and 198.18.0.1/32 on it (the nodes bind there)."""
     from pyroute2 import IPRoute
 
-    from testbed.netns import create_netns
+    from testbed.host.kernel import create_netns
 
     create_netns(name)
     with IPRoute(netns=name) as ipr:
@@ -262,7 +263,8 @@ def _make_netns(name: str) -> None:
 async def test_nodes_run_inside_a_namespace(tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root to create a network namespace")
-    from testbed.netns import new_prefix, remove_netns
+    from testbed.host.kernel import remove_netns
+    from testbed.host.ledger import new_prefix
 
     name = f"{new_prefix()}n"
     try:

@@ -29,7 +29,7 @@ from protocols.identity import CENTRAL_ID
 from protocols.policies import register
 from protocols.policies.centralized_lineage import CentralizedLineage
 from protocols.policies.planfence import PlanFence
-from testbed.team import Team, key_owners, open_team
+from testbed.run.team import Team, key_owners, open_team
 
 PLUGIN = "tests.nodes.test_policies_live"
 LIAR = "liar"

@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 import trio
 
-from nodes.transport import Counters, open_rpc_client, serve_data_plane
+from nodes.client import open_rpc_client
+from nodes.server import serve_data_plane
+from nodes.transport import Counters
 from protocols import auth, wire
 from protocols.errors import (
     IntegrityError,

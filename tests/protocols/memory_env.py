@@ -10,21 +10,22 @@ Rules the twin keeps (the same contracts as ``nodes/store.py`` and ``nodes/env.p
    are injected per peer (``down``: PeerUnavailable, ``slow``: RpcTimeout) and answers
    can be rewritten per (peer, method) with ``forge`` to play a lying peer.
 3. ``fetch`` verifies the record against the requested ID and roster, as the node's
-   client does; ``replan`` replays a decision by writing ``plan/<action>/r<n>``
-   owned by the executor, after running ``during_replan`` (to change inputs meanwhile).
+   client does. Planning and replanning are the protocol's own code
+   (``protocols.planning``), so the twin builds the same plan records as a node;
+   ``replan`` first runs ``during_replan`` (to change inputs meanwhile).
 4. The team drives operations like the controller: ``seed``, ``update`` (then the
    owner's ``on_update``), ``unit_end``, ``plan`` (handoff to the executor), ``act``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import trio
 
-from nodes.env import run_concurrently
+from protocols.concurrency import run_concurrently
 from protocols.env import ActionOutcome, ActionRequest, LocalStore
 from protocols.errors import (
     ConflictError,
@@ -34,6 +35,7 @@ from protocols.errors import (
     RpcTimeout,
 )
 from protocols.identity import CENTRAL_ID, Identity, Member, Roster
+from protocols.planning import derive_plan, replacement_plan
 from protocols.policies import make_policy
 from protocols.policies.base import Policy
 from protocols.records import HeadInfo, Record, make_record, verify_record
@@ -74,6 +76,9 @@ class MemoryStore:
                 self.heads[record.key] = record.head
                 self.head_log.append(record.head)
         return True
+
+    def install_many(self, records: Iterable[Record]) -> int:
+        return sum(self.install(record) for record in records)
 
     def latest(self, key: str) -> HeadInfo | None:
         versions = [r for r in self.records.values() if r.key == key]
@@ -180,33 +185,12 @@ class MemoryTeam:
             await self.policies[agent].at_unit_end(self.env(agent), unit)
 
     async def plan(self, planner: str, executor: str, action: str, keys: Sequence[str],
-                   *, depth: int = 0) -> ActionRequest:
-        """The planner reads the owners' current inputs, writes plan (and review) records
-        with exact parents, and hands plan + ancestry to the executor."""
-        inputs = []
-        for key in keys:
-            owner = self.roster.owner_of(key)
-            head = self.stores[owner].head(key)
-            assert head is not None
-            record = self.stores[owner].get(head.record_id)
-            assert record is not None
-            self.stores[planner].install(record)
-            inputs.append(record)
-        chain = list(inputs)
-        parents = [r.id for r in sorted(inputs, key=lambda r: r.key)]
-        if depth == 1:
-            review = make_record(self.identities[planner], key=f"review/{action}",
-                                 owner=planner, seq=0, parents=parents, rtype="review",
-                                 content=b"review")
-            chain.append(review)
-            parents = [review.id]
-        plan = make_record(self.identities[planner], key=f"plan/{action}", owner=planner,
-                           seq=0, parents=parents, rtype="plan", content=b"decision")
-        chain.append(plan)
-        for record in chain:
-            self.stores[planner].install(record)
-            self.stores[executor].install(record)
-        return ActionRequest(action, (plan.id,), tuple(keys))
+                   *, depth: int = 0, decision: str = "decision") -> ActionRequest:
+        """The planner derives a plan from the owners' current inputs and hands plan +
+        ancestry to the executor (the protocol's own code: ``protocols.planning``)."""
+        plan = await derive_plan(self.env(planner), action=action, executor=executor,
+                                 keys=keys, depth=depth, decision=decision)
+        return ActionRequest(action, (plan.root,), tuple(keys))
 
     async def act(self, executor: str, request: ActionRequest) -> ActionOutcome:
         return await self.policies[executor].validate(self.env(executor), request)
@@ -315,16 +299,7 @@ class MemoryEnv:
     async def replan(self, request: ActionRequest, inputs: dict[str, bytes]) -> ActionRequest:
         if self.team.during_replan is not None:
             await self.team.during_replan()
-        parents = []
-        for key, rid in sorted(inputs.items()):
-            record = self.store.get(rid)
-            assert record is not None, "replan input not installed"
-            assert record.key == key, "replan input is of another key"
-            parents.append(rid)
         n = self.team.replans_made.get(request.action, 0) + 1
+        replacement = replacement_plan(self.identity, self.store, request, inputs, n)
         self.team.replans_made[request.action] = n
-        plan = make_record(self.identity, key=f"plan/{request.action}/r{n}",
-                           owner=self.agent_id, seq=0, parents=parents, rtype="plan",
-                           content=b"decision")
-        self.store.install(plan)
-        return ActionRequest(request.action, (plan.id,), request.declared)
+        return replacement

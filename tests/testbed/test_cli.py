@@ -66,3 +66,106 @@ def test_clean_runs_as_root(tmp_path: Path) -> None:
         pytest.skip("clean needs root")
     proc = _run("clean", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
+
+
+# --- whose fault it was: exit 2 (user), exit 3 (host), traceback (bug) -----------------
+
+_FIXED = ('name = "c"\nseed = 1\ntemplates = 1\n[grid]\npolicy = ["planfence"]\n'
+          'network = ["fixed"]\nagents = [2]\nkeys = [2]\nunits = [8]\n')
+
+
+def _one_line(proc: subprocess.CompletedProcess[str], status: int, *fragments: str) -> str:
+    assert proc.returncode == status, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+    return lines[0]
+
+
+def test_out_naming_a_file_is_the_users_fault(tmp_path: Path) -> None:
+    (tmp_path / "c.toml").write_text(_FIXED.replace('"fixed"', '"loopback"'))
+    (tmp_path / "afile").write_text("x")
+    _one_line(_run("run", "c.toml", "--out", "afile", cwd=tmp_path), 2,
+              "--out", "is not a directory")
+
+
+def test_workdir_naming_a_file_is_the_users_fault(tmp_path: Path) -> None:
+    (tmp_path / "c.toml").write_text(_FIXED.replace('"fixed"', '"loopback"'))
+    (tmp_path / "afile").write_text("x")
+    _one_line(_run("run", "c.toml", "--out", "o", "--workdir", "afile", cwd=tmp_path), 2,
+              "--workdir", "is not a directory")
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_bad_campaign_field_is_the_users_fault(tmp_path: Path) -> None:
+    (tmp_path / "c.toml").write_text(_FIXED.replace('"fixed"', '"wifi"'))
+    _one_line(_run("run", "c.toml", cwd=tmp_path), 2, "grid.network", "allowed: loopback")
+
+
+@pytest.mark.privileged
+def test_netem_on_a_kernel_without_it_is_the_hosts_fault(tmp_path: Path) -> None:
+    from testbed.links.netem import netem_available
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to reach the backend choice")
+    if netem_available()[0]:
+        pytest.skip("this kernel has sch_netem (the VM lane runs netem for real)")
+    (tmp_path / "c.toml").write_text(_FIXED)
+    _one_line(_run("run", "c.toml", "--out", "o", "--backend", "netem", cwd=tmp_path), 3,
+              "backend netem", "sch_netem")
+
+
+@pytest.mark.privileged
+def test_a_missing_tun_device_is_the_hosts_fault(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to reach the backend choice")
+    (tmp_path / "c.toml").write_text(_FIXED)
+    script = ("import sys; from testbed.host import kernel; "
+              "kernel.TUN_PATH = '/nonexistent/net/tun'; from testbed.cli import main; "
+              "sys.exit(main(sys.argv[1:]))")
+    proc = subprocess.run([sys.executable, "-c", script, "run", "c.toml", "--out", "o",
+                           "--backend", "userspace"], cwd=tmp_path, text=True,
+                          capture_output=True, timeout=120, check=False)
+    _one_line(proc, 3, "/nonexistent/net/tun does not exist", "modprobe tun")
+
+
+def test_not_root_is_the_hosts_fault(tmp_path: Path) -> None:
+    (tmp_path / "c.toml").write_text(_FIXED)
+    script = ("import os, sys; os.geteuid = lambda: 1000; from testbed.cli import main; "
+              "sys.exit(main(sys.argv[1:]))")
+    proc = subprocess.run([sys.executable, "-c", script, "run", "c.toml"], cwd=tmp_path,
+                          text=True, capture_output=True, timeout=120, check=False)
+    _one_line(proc, 3, "needs root")
+
+
+def test_a_bug_shows_its_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Neither the user's nor the host's fault: main lets it through (exit 1, traceback)."""
+    import testbed.cli as cli
+
+    def broken(args: object) -> int:
+        raise ValueError("an internal invariant broke")
+
+    monkeypatch.setattr(cli, "cmd_doctor", broken)
+    with pytest.raises(ValueError, match="internal invariant"):
+        cli.main(["doctor"])
+
+
+def test_a_bug_exits_1_with_a_traceback(tmp_path: Path) -> None:
+    script = ("import sys, testbed.cli as cli\n"
+              "def broken(args): raise KeyError('bug')\n"
+              "cli.cmd_doctor = broken\n"
+              "sys.exit(cli.main(['doctor']))\n")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, text=True,
+                          capture_output=True, timeout=120, check=False)
+    assert proc.returncode == 1
+    assert "Traceback" in proc.stderr
+    assert "KeyError: 'bug'" in proc.stderr
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.startswith("testbed ")

@@ -1,0 +1,85 @@
+"""NodeEnv: the :class:`protocols.env.PolicyEnv` a policy runs against inside a node.
+
+Every remote method is exactly one RPC through the node's client (``nodes.rpc``
+helpers check the answers). ``replan`` replays a recorded decision
+(:func:`protocols.planning.replacement_plan`): it is generation, not coordination, so
+its elapsed time is accumulated in ``replan_ns`` for the node to subtract from stall.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
+
+from nodes import rpc
+from nodes.store import SqliteStore
+from protocols.concurrency import run_concurrently
+from protocols.env import ActionRequest, LocalStore
+from protocols.identity import Identity, Roster
+from protocols.planning import replacement_plan
+from protocols.records import HeadInfo, Record
+
+T = TypeVar("T")
+
+
+class NodeEnv:
+    """PolicyEnv over a node's store and RPC client."""
+
+    def __init__(self, *, identity: Identity, roster: Roster, store: SqliteStore,
+                 client: rpc.RpcCaller) -> None:
+        self.identity = identity
+        self.roster = roster
+        self.store: LocalStore = store
+        self.client = client
+        self.replan_ns = 0  # generation time to exclude from stall (reset per operation)
+        self._replans: dict[str, int] = {}  # action -> replacement plans made so far
+
+    @property
+    def replans_made(self) -> int:
+        """Replacement plans this env has produced (all actions)."""
+        return sum(self._replans.values())
+
+    @property
+    def agent_id(self) -> str:
+        return self.identity.agent_id
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    async def concurrently(self, calls: Sequence[Callable[[], Awaitable[T]]]
+                           ) -> list[T | BaseException]:
+        return await run_concurrently(calls)
+
+    # --- data plane --------------------------------------------------------------
+    async def owner_heads(self, owner: str, keys: Sequence[str]) -> dict[str, HeadInfo]:
+        return await rpc.call_heads(self.client, self.roster, owner, keys)
+
+    async def fetch(self, peer: str, record_id: bytes) -> Record:
+        return await rpc.call_fetch(self.client, self.roster, peer, record_id)
+
+    async def install_at(self, peer: str, records: Sequence[Record]) -> None:
+        await rpc.call_install(self.client, peer, records)
+
+    async def announce(self, peer: str, heads: Sequence[HeadInfo]) -> None:
+        await rpc.call_announce(self.client, peer, heads)
+
+    async def replica_versions(self, peer: str, keys: Sequence[str]) -> dict[str, HeadInfo]:
+        return await rpc.call_versions(self.client, self.roster, peer, keys)
+
+    async def central_commit(self, heads: Sequence[HeadInfo]) -> None:
+        await rpc.call_commit(self.client, heads)
+
+    async def central_heads(self, keys: Sequence[str]) -> dict[str, HeadInfo]:
+        return await rpc.call_dir_heads(self.client, self.roster, keys)
+
+    # --- workflow replay -----------------------------------------------------------
+    async def replan(self, request: ActionRequest, inputs: dict[str, bytes]) -> ActionRequest:
+        started = time.monotonic_ns()
+        try:
+            n = self._replans.get(request.action, 0) + 1
+            replacement = replacement_plan(self.identity, self.store, request, inputs, n)
+            self._replans[request.action] = n
+            return replacement
+        finally:
+            self.replan_ns += time.monotonic_ns() - started

@@ -1,0 +1,244 @@
+"""Kernel calls through pyroute2: namespaces, links, TUN devices, addresses, routes, sysctls.
+
+Rules of this module:
+
+- Every call here is synchronous and blocking; inside trio call it through
+  ``trio.to_thread.run_sync``.
+- It creates what it is asked to and nothing else; recording what a run created (so
+  it can be removed after a crash) is :mod:`testbed.host.ledger`'s job, and callers
+  record *before* they create.
+- Work that must happen *inside* a namespace (sysctls, sockets) runs on a short-lived
+  dedicated thread that enters the namespace with ``setns``; worker threads of a pool are
+  never moved, so they cannot leak into a namespace.
+- Kernel failures are raised as :class:`KernelError`, an ``OSError`` that keeps the errno
+  and is a :class:`testbed.errors.HostError` (the host refused).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import socket
+import struct
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from pyroute2 import IPRoute, NetlinkError
+from pyroute2 import netns as pr_netns
+
+from testbed.errors import HostError
+
+NETNS_DIR = Path("/var/run/netns")
+TUN_PATH = "/dev/net/tun"
+TEST_NET = "198.18.0.0"
+TEST_NET_LEN = 15
+
+_TUNSETIFF = 0x400454CA
+_IFF_TUN = 0x0001
+_IFF_NO_PI = 0x1000
+GONE_ERRNOS = (errno.ENOENT, errno.ENODEV, errno.ESRCH, errno.EINVAL)
+"""Errnos that mean "already gone" when removing something."""
+
+T = TypeVar("T")
+
+
+class KernelError(HostError, OSError):
+    """A kernel call failed; ``errno`` is the kernel's, the message names the operation."""
+
+    def __init__(self, code: int, operation: str) -> None:
+        name = errno.errorcode.get(code, "?")
+        super().__init__(code, f"{operation}: [{name}] {os.strerror(code)}")
+
+
+def kernel_call(operation: str, fn: Callable[[], T]) -> T:
+    """Run one pyroute2 call, turning NetlinkError/OSError into KernelError with its errno."""
+    try:
+        return fn()
+    except NetlinkError as exc:
+        raise KernelError(int(exc.code), operation) from exc
+    except KernelError:
+        raise
+    except OSError as exc:
+        raise KernelError(exc.errno or errno.EIO, operation) from exc
+
+
+# ---------------------------------------------------------------- namespaces and links
+
+
+def list_netns() -> list[str]:
+    return sorted(pr_netns.listnetns())
+
+
+def create_netns(name: str) -> None:
+    """Create a namespace mounted at /var/run/netns/NAME (as `ip netns add` does)."""
+    if name in pr_netns.listnetns():
+        raise KernelError(errno.EEXIST, f"create netns {name}")
+    kernel_call(f"create netns {name}", lambda: pr_netns.create(name))
+
+
+def remove_netns(name: str) -> bool:
+    """Remove a namespace; False if it was already gone."""
+    if name not in pr_netns.listnetns():
+        return False
+    try:
+        pr_netns.remove(name)
+    except OSError as exc:
+        if exc.errno in GONE_ERRNOS:
+            return False
+        raise KernelError(exc.errno or errno.EIO, f"remove netns {name}") from exc
+    return True
+
+
+def _ipr(netns: str | None) -> IPRoute:
+    if netns is None:
+        return IPRoute()
+    return kernel_call(f"open netlink in {netns}", lambda: IPRoute(netns=netns))
+
+
+def link_index(ifname: str, netns: str | None = None) -> int | None:
+    with _ipr(netns) as ipr:
+        found = kernel_call(f"lookup {ifname}", lambda: ipr.link_lookup(ifname=ifname))
+    return int(found[0]) if found else None
+
+
+def list_links(netns: str | None = None) -> list[str]:
+    with _ipr(netns) as ipr:
+        links = kernel_call("list links", lambda: ipr.get_links())
+        return [str(link.get_attr("IFLA_IFNAME")) for link in links]
+
+
+def remove_link(ifname: str, netns: str | None = None) -> bool:
+    """Delete a link; False if it (or its namespace) was already gone."""
+    if netns is not None and netns not in pr_netns.listnetns():
+        return False
+    try:
+        with _ipr(netns) as ipr:
+            found = ipr.link_lookup(ifname=ifname)
+            if not found:
+                return False
+            ipr.link("del", index=found[0])
+    except NetlinkError as exc:
+        if exc.code in GONE_ERRNOS:
+            return False
+        raise KernelError(int(exc.code), f"delete link {ifname}") from exc
+    return True
+
+
+def open_tun(ifname: str) -> int:
+    """Create a TUN device (IFF_TUN|IFF_NO_PI) in the root namespace; returns its fd.
+
+    The device lives as long as the fd is open (non-persistent); the fd is non-blocking.
+    """
+    if len(ifname) > 15:
+        raise ValueError(f"ifname: at most 15 characters, got {ifname!r}")
+    try:
+        fd = os.open(TUN_PATH, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise KernelError(exc.errno or errno.EIO, f"open {TUN_PATH}") from exc
+    try:
+        ifr = struct.pack("16sH", ifname.encode(), _IFF_TUN | _IFF_NO_PI)
+        fcntl.ioctl(fd, _TUNSETIFF, ifr)
+    except OSError as exc:
+        os.close(fd)
+        raise KernelError(exc.errno or errno.EIO, f"TUNSETIFF {ifname}") from exc
+    return fd
+
+
+def move_link(ifname: str, netns: str) -> None:
+    with IPRoute() as ipr:
+        found = kernel_call(f"lookup {ifname}", lambda: ipr.link_lookup(ifname=ifname))
+        if not found:
+            raise KernelError(errno.ENODEV, f"move {ifname} to {netns}")
+        kernel_call(
+            f"move {ifname} to {netns}",
+            lambda: ipr.link("set", index=found[0], net_ns_fd=netns),
+        )
+
+
+def configure_host_link(netns: str, ifname: str, address: str, *, mtu: int = 1500) -> None:
+    """Inside NETNS: lo up, IFNAME up with ADDRESS/32 and 198.18.0.0/15 routed through it."""
+    with _ipr(netns) as ipr:
+        lo = kernel_call("lookup lo", lambda: ipr.link_lookup(ifname="lo"))[0]
+        kernel_call(f"{netns}: set lo up", lambda: ipr.link("set", index=lo, state="up"))
+        idx = kernel_call(f"lookup {ifname}", lambda: ipr.link_lookup(ifname=ifname))
+        if not idx:
+            raise KernelError(errno.ENODEV, f"{netns}: configure {ifname}")
+        index = idx[0]
+        kernel_call(
+            f"{netns}: set {ifname} mtu {mtu}",
+            lambda: ipr.link("set", index=index, mtu=mtu),
+        )
+        kernel_call(
+            f"{netns}: add {address}/32 to {ifname}",
+            lambda: ipr.addr("add", index=index, address=address, prefixlen=32),
+        )
+        kernel_call(f"{netns}: set {ifname} up", lambda: ipr.link("set", index=index, state="up"))
+        kernel_call(
+            f"{netns}: route {TEST_NET}/{TEST_NET_LEN} via {ifname}",
+            lambda: ipr.route("add", dst=TEST_NET, dst_len=TEST_NET_LEN, oif=index),
+        )
+
+
+# ---------------------------------------------------------------- work inside a namespace
+
+
+def run_in_netns(netns: str, fn: Callable[[], T]) -> T:
+    """Run FN on a fresh thread that has entered NETNS (the calling thread never moves)."""
+    result: list[T] = []
+    failure: list[BaseException] = []
+
+    def body() -> None:
+        try:
+            try:
+                pr_netns.setns(netns, flags=0)
+            except OSError as exc:
+                raise KernelError(exc.errno or errno.EIO, f"setns {netns}") from exc
+            result.append(fn())
+        except BaseException as exc:
+            failure.append(exc)
+
+    thread = threading.Thread(target=body, name=f"netns-{netns}", daemon=True)
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]
+    return result[0]
+
+
+def sysctl_path(key: str) -> Path:
+    if not key.replace(".", "").replace("_", "").isalnum():
+        raise ValueError(f"sysctl key: dotted name of letters/digits/_, got {key!r}")
+    return Path("/proc/sys") / key.replace(".", "/")
+
+
+def set_sysctl(netns: str, key: str, value: str) -> None:
+    """Write a per-namespace sysctl, e.g. ("net.ipv4.tcp_congestion_control", "cubic")."""
+    path = sysctl_path(key)
+
+    def write() -> None:
+        try:
+            path.write_text(value)
+        except OSError as exc:
+            raise KernelError(exc.errno or errno.EIO, f"{netns}: sysctl {key}={value}") from exc
+
+    run_in_netns(netns, write)
+
+
+def get_sysctl(netns: str | None, key: str) -> str:
+    path = sysctl_path(key)
+    if netns is None:
+        return path.read_text().strip()
+    return run_in_netns(netns, lambda: path.read_text().strip())
+
+
+
+def socket_in_netns(
+    netns: str | None, family: int = socket.AF_INET, kind: int = socket.SOCK_STREAM
+) -> socket.socket:
+    """A socket that belongs to NETNS (sockets keep the namespace they were created in)."""
+    if netns is None:
+        return socket.socket(family, kind)
+    return run_in_netns(netns, lambda: socket.socket(family, kind))

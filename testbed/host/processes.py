@@ -1,0 +1,55 @@
+"""Processes a run started, identified by pid *and* start time (a pid is reused)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """Start time of PID in clock ticks (field 22 of /proc/PID/stat), None if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def same_process(pid: int, start_ticks: int | None) -> bool:
+    now = process_start_ticks(pid)
+    return now is not None and (start_ticks is None or now == start_ticks)
+
+
+def stop_process(pid: int, start_ticks: int | None, *, grace_s: float = 2.0) -> bool:
+    """SIGTERM then SIGKILL one recorded process, only if it is still the same process."""
+    if not same_process(pid, start_ticks):
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        if not same_process(pid, start_ticks) or _is_zombie(pid):
+            _reap(pid)
+            return True
+        time.sleep(0.01)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    _reap(pid)
+    return True
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return False
+
+
+def _reap(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)

@@ -1,0 +1,68 @@
+"""The link-backend seam: the interface every backend implements (userspace, netem).
+
+The registry of backends and the choice of one for a network are in
+``testbed.links.backends``.
+
+A backend shapes the access links of hosts that already have a network namespace and
+an address (``testbed.net.topology`` creates those): A->B traffic crosses A's uplink
+then B's downlink, each with the profile's delay, rate (trace or fixed), loss and
+queue. Everything a backend creates is recorded in the run's ledger first.
+
+Rules:
+
+1. ``open_links(name, profile, hosts, ...)`` is an async context manager yielding a
+   :class:`LinkBackend`; on exit everything it created is gone.
+2. ``restart_trace()`` restarts every link's trace clock at the offset (each episode
+   starts there, so paired episodes see the same capacity) and returns replay time 0
+   as a ``time.monotonic()`` value.
+3. ``counters()`` are per host: packets and bytes that left each direction, and drops.
+   ``statistics()`` is the backend's own health (emulator lateness and errors; empty
+   where a backend has none to report); ``clear_statistics()`` starts a new window.
+4. Each implementation module has ``probes()``: the functional checks the backend
+   needs, each done for real in a scratch namespace recorded in a ledger, as
+   :class:`ProbeResult` rows (a refusal's detail carries the kernel's errno). The
+   backend works here when every one of them passes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+BACKEND_CHOICES = ("auto", "userspace", "netem")
+"""What a user may ask for (a campaign's ``options.backend``, ``--backend``)."""
+NO_BACKEND = "none"
+"""What an unshaped network (loopback) runs on."""
+
+
+@dataclass(frozen=True)
+class LinkHost:
+    """A host whose access link a backend shapes: its namespace and IPv4 address."""
+
+    name: str
+    netns: str
+    address: str
+
+
+class LinkBackend(Protocol):
+    """A live set of shaped access links (see the module rules)."""
+
+    @property
+    def name(self) -> str: ...
+
+    async def restart_trace(self) -> float: ...
+
+    async def counters(self) -> dict[str, dict[str, int]]: ...
+
+    async def statistics(self) -> dict[str, float]: ...
+
+    async def clear_statistics(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """One functional check: what was tried and what the host said."""
+
+    name: str
+    ok: bool
+    detail: str

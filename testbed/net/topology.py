@@ -1,0 +1,201 @@
+"""Build a planned topology: one namespace per host, behind a link backend; tear it down.
+
+Describe, then build: ``testbed.net.plan`` names everything; ``open_topology`` resolves
+the backend (probing the host once), builds the plan and removes everything on exit.
+Rules:
+
+- every namespace gets the profile's TCP congestion control and forgets TCP metrics
+  between connections (tcp_no_metrics_save=1) so fresh connections start alike;
+- the link backend (``testbed.links``) shapes each host's access link: host A's uplink
+  then host B's downlink carry A->B traffic;
+- a shaped profile never runs unshaped: a backend that cannot run raises HostError;
+- everything is written to a ``Ledger`` before it is created and removed in reverse
+  order on exit, after an exception in the body, on SIGINT/SIGTERM, or by
+  ``testbed clean``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import trio
+
+from testbed.errors import HostError
+from testbed.host import kernel
+from testbed.host.ledger import Ledger, allow_congestion_control
+from testbed.links.backend import NO_BACKEND, LinkBackend, LinkHost
+from testbed.links.backends import open_links, resolve_backend
+from testbed.links.profiles import NetworkProfile
+from testbed.net.plan import Host, TopologyError, TopologyPlan, plan_topology
+from testbed.net.signals import cancel_on_sigterm
+
+_ZERO_COUNTERS = ("up_packets", "up_bytes", "up_drops", "down_packets", "down_bytes",
+                  "down_drops")
+
+
+@dataclass
+class Topology:
+    """A live topology: its plan, its hosts, and its links (None when unshaped)."""
+
+    plan: TopologyPlan
+    hosts: dict[str, Host]
+    links: LinkBackend | None = None
+
+    @property
+    def backend(self) -> str:
+        return self.plan.backend
+
+    @property
+    def prefix(self) -> str:
+        return self.plan.prefix
+
+    async def restart_trace(self) -> float:
+        """Restart every link's trace clock at the offset (call at each episode start);
+        returns replay time 0 as a time.monotonic() value."""
+        if self.links is None:
+            await trio.lowlevel.checkpoint()
+            return time.monotonic()
+        return await self.links.restart_trace()
+
+    async def link_counters(self) -> dict[str, dict[str, int]]:
+        """Per host: packets/bytes that left each direction, and drops (queue full + loss)."""
+        if self.links is None:
+            await trio.lowlevel.checkpoint()
+            return {name: dict.fromkeys(_ZERO_COUNTERS, 0) for name in self.hosts}
+        return await self.links.counters()
+
+    async def link_statistics(self) -> dict[str, float]:
+        """The backend's own health since the last clear (emulator lateness, errors)."""
+        if self.links is None:
+            await trio.lowlevel.checkpoint()
+            return {}
+        return await self.links.statistics()
+
+    async def clear_link_statistics(self) -> None:
+        if self.links is not None:
+            await self.links.clear_statistics()
+
+    def describe(self) -> dict[str, Any]:
+        """Provenance for the manifest."""
+        profile = self.plan.profile
+        link = profile.link
+        return {
+            "profile": profile.name,
+            "backend": self.backend,
+            "congestion_control": profile.congestion_control if link is not None else None,
+            "up_trace": None if link is None else link.up_trace,
+            "down_trace": None if link is None else link.down_trace,
+            "trace_offset_s": self.plan.trace_offset_s,
+            "delay_ms": None if link is None else link.delay_ms,
+            "rate_kbit": None if link is None else link.rate_kbit,
+            "loss_pct": None if link is None else link.loss_pct,
+            "queue_packets": None if link is None else link.queue_packets,
+            "queue_bytes": None if link is None else link.queue_bytes,
+            "prefix": self.prefix,
+            "hosts": {h.name: {"netns": h.netns, "address": h.address}
+                      for h in self.hosts.values()},
+        }
+
+
+def _check_root(backend: str) -> None:
+    if os.geteuid() != 0:
+        raise HostError(f"backend {backend}: needs root (network namespaces); "
+                        "run as root or with sudo")
+
+
+def _setup_namespace(ledger: Ledger, host: Host, cc: str) -> None:
+    assert host.netns is not None
+    ledger.record_netns(host.netns)
+    kernel.create_netns(host.netns)
+    kernel.set_sysctl(host.netns, "net.ipv4.tcp_congestion_control", cc)
+    kernel.set_sysctl(host.netns, "net.ipv4.tcp_no_metrics_save", "1")
+
+
+@asynccontextmanager
+async def open_topology(
+    profile: NetworkProfile,
+    agents: Sequence[str],
+    *,
+    central: bool = False,
+    prefix: str | None = None,
+    trace_offset_s: float = 0.0,
+    backend: str = "auto",
+    seed: int = 0,
+) -> AsyncIterator[Topology]:
+    """Build the topology, yield it, and remove everything it created on the way out.
+
+    ``backend`` is what was asked for (``auto``, ``userspace``, ``netem``); an unshaped
+    profile runs with none whatever was asked.
+    """
+    chosen = resolve_backend(profile, backend)
+    plan = plan_topology(profile, agents, central=central, prefix=prefix,
+                         trace_offset_s=trace_offset_s, backend=chosen)
+    hosts = {h.name: h for h in plan.hosts}
+    if plan.backend == NO_BACKEND:
+        yield Topology(plan, hosts)
+        return
+    _check_root(plan.backend)
+    ledger = Ledger(plan.prefix)
+    scope = trio.CancelScope()
+    with cancel_on_sigterm(scope):
+        try:
+            with scope:
+                await trio.to_thread.run_sync(
+                    allow_congestion_control, ledger, profile.congestion_control)
+                for host in plan.hosts:
+                    await trio.to_thread.run_sync(
+                        _setup_namespace, ledger, host, profile.congestion_control)
+                link_hosts = [LinkHost(h.name, str(h.netns), h.address) for h in plan.hosts]
+                async with open_links(plan.backend, profile, link_hosts, prefix=plan.prefix,
+                                      ledger=ledger, trace_offset_s=plan.trace_offset_s,
+                                      seed=seed) as links:
+                    yield Topology(plan, hosts, links)
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(partial(ledger.teardown))
+    if scope.cancelled_caught:
+        raise KeyboardInterrupt("SIGTERM: topology removed")
+
+
+class Network:
+    """A Mininet-style handle on :func:`open_topology` for scripts and notebooks.
+
+    ``net = Network(profile, agents); topo = await net.start(); ...; await net.stop()``,
+    or ``async with Network(profile, agents) as topo:``. ``start`` and ``stop`` must run
+    in the same trio task; ``stop`` removes everything ``start`` created and is safe to
+    call twice. Prefer ``open_topology`` inside structured code.
+    """
+
+    def __init__(self, profile: NetworkProfile, agents: Sequence[str], **options: Any) -> None:
+        self.profile = profile
+        self.agents = list(agents)
+        self.options = options
+        self.topology: Topology | None = None
+        self._stack: contextlib.AsyncExitStack | None = None
+
+    async def start(self) -> Topology:
+        if self._stack is not None:
+            raise TopologyError("network: already started")
+        stack = contextlib.AsyncExitStack()
+        self.topology = await stack.enter_async_context(
+            open_topology(self.profile, self.agents, **self.options))
+        self._stack = stack
+        return self.topology
+
+    async def stop(self) -> None:
+        stack, self._stack, self.topology = self._stack, None, None
+        if stack is not None:
+            await stack.aclose()
+
+    async def __aenter__(self) -> Topology:
+        return await self.start()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()

@@ -1,0 +1,235 @@
+"""The run directory: manifest, episode ledger, per-episode Parquet shards, consolidation.
+
+Rules this module obeys (a killed campaign loses at most the episode in flight):
+
+1. Layout of ``<out>/``: ``manifest.json``, ``state.sqlite`` (episode ledger),
+   ``shards/actions/<episode>.parquet``, ``shards/episodes/<episode>.parquet`` and,
+   after :meth:`RunDir.consolidate`, ``actions.parquet`` and ``episodes.parquet``.
+2. An episode is marked ``started`` in the ledger before it runs. Its results are
+   written as two shards, each to a temporary name, fsynced, then ``os.replace``d to
+   its final name: the actions shard first, the episode shard last. The rename of the
+   episode shard is the commit point: an episode is complete exactly when its episode
+   shard exists under its final name, and the ledger's ``complete`` mark is set right
+   after (a kill between the two is reconciled on the next open).
+3. A temporary file never has a final name, so a kill never leaves a torn file that
+   is read as a result; leftovers are deleted when the directory is opened.
+4. Consolidation reads only committed shards, deduplicates by episode key and writes
+   both tables under temporary names before renaming them. Raw shards are never
+   rewritten by analysis.
+5. The consolidated tables are the portable form of a run (results/ commits them and
+   ignores shards/ and state.sqlite). Opening a directory whose consolidated tables
+   hold episodes that have no shard (a fresh clone) first writes those shards back
+   from the tables, so ``--resume`` and ``--extend`` never repeat a committed episode.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from testbed.errors import UserError
+from testbed.results.atomic import TMP_MARK, write_json_atomic, write_table_atomic
+from testbed.results.schema import ACTION_SCHEMA, EPISODE_SCHEMA, ResultRowError, rows_table
+
+
+class RunDirError(UserError):
+    """The run directory cannot be used as asked (the caller's choice of directory)."""
+
+
+def _now_iso() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+
+class RunDir:
+    """One campaign's results directory (see the module rules)."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self.actions_dir = self.path / "shards" / "actions"
+        self.episodes_dir = self.path / "shards" / "episodes"
+        self.manifest_path = self.path / "manifest.json"
+        self.lock_path = self.path / ".run.lock"
+        self._db: sqlite3.Connection | None = None
+        self._lock_fd: int | None = None
+
+    # -- lifecycle
+    def is_empty(self) -> bool:
+        return not self.path.exists() or all(p == self.lock_path for p in self.path.iterdir())
+
+    def open(self) -> None:
+        """Lock the directory, create the layout, delete leftover temporaries, open and
+        reconcile the ledger."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._lock()
+        self.actions_dir.mkdir(parents=True, exist_ok=True)
+        self.episodes_dir.mkdir(parents=True, exist_ok=True)
+        for folder in (self.path, self.actions_dir, self.episodes_dir):
+            for leftover in folder.glob(f".*{TMP_MARK}*"):
+                leftover.unlink()
+        db = sqlite3.connect(self.path / "state.sqlite", isolation_level=None)
+        db.execute("PRAGMA synchronous=FULL")
+        db.execute("CREATE TABLE IF NOT EXISTS episodes (key TEXT PRIMARY KEY, "
+                   "status TEXT NOT NULL CHECK (status IN ('started', 'complete')), "
+                   "attempts INTEGER NOT NULL, started_at TEXT, completed_at TEXT, "
+                   "aborted INTEGER)")
+        self._db = db
+        self._restore_shards()
+        for key in self.completed():
+            db.execute("UPDATE episodes SET status='complete' WHERE key=? AND "
+                       "status='started'", (key,))
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
+
+    def _lock(self) -> None:
+        """One `testbed run` per directory at a time: two would run the same episodes and
+        overwrite each other's shards. The kernel drops the flock if the holder dies."""
+        if self._lock_fd is not None:
+            return
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise RunDirError(f"{self.path}: in use by another `testbed run` (pid {holder}); "
+                              "wait for it or choose another --out") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        if self._db is None:
+            raise RuntimeError("RunDir.open() first")
+        return self._db
+
+    # -- manifest
+    def read_manifest(self) -> dict[str, Any]:
+        if not self.manifest_path.exists():
+            return {}
+        data = json.loads(self.manifest_path.read_text())
+        if not isinstance(data, dict):
+            raise RunDirError(f"{self.manifest_path}: expected a JSON object")
+        return data
+
+    def update_manifest(self, **fields: Any) -> dict[str, Any]:
+        manifest = self.read_manifest()
+        manifest.update(fields)
+        write_json_atomic(manifest, self.manifest_path)
+        return manifest
+
+    # -- ledger
+    def _shard_name(self, key: str) -> str:
+        return key.replace("/", "~") + ".parquet"
+
+    def mark_started(self, key: str) -> None:
+        self.db.execute(
+            "INSERT INTO episodes (key, status, attempts, started_at) VALUES (?, 'started', 1, ?) "
+            "ON CONFLICT(key) DO UPDATE SET status='started', attempts=attempts+1, "
+            "started_at=excluded.started_at, completed_at=NULL",
+            (key, _now_iso()))
+
+    def record_episode(self, key: str, actions: Sequence[Mapping[str, Any]],
+                       episode: Mapping[str, Any]) -> None:
+        """Commit an episode's rows (full result-column rows) as shards, then mark it."""
+        if episode.get("episode") != key or any(a.get("episode") != key for a in actions):
+            raise ResultRowError(f"episode {key}: rows carry a different episode key")
+        action_table = rows_table(actions, ACTION_SCHEMA, f"episode {key}: action rows")
+        episode_table = rows_table([episode], EPISODE_SCHEMA, f"episode {key}: episode row")
+        name = self._shard_name(key)
+        write_table_atomic(action_table, self.actions_dir / name)
+        write_table_atomic(episode_table, self.episodes_dir / name)  # the commit point
+        self.db.execute("UPDATE episodes SET status='complete', completed_at=?, aborted=? "
+                        "WHERE key=?", (_now_iso(), int(bool(episode.get("aborted"))), key))
+
+    def completed(self) -> set[str]:
+        """Keys of committed episodes (their episode shard exists under its final name)."""
+        if not self.episodes_dir.exists():
+            return set()
+        keys = set()
+        for shard in self.episodes_dir.glob("*.parquet"):
+            keys.add(shard.name.removesuffix(".parquet").replace("~", "/"))
+        return keys
+
+    def ledger(self) -> dict[str, tuple[str, int]]:
+        """key -> (status, attempts) as recorded in ``state.sqlite``."""
+        rows = self.db.execute("SELECT key, status, attempts FROM episodes").fetchall()
+        return {str(k): (str(s), int(n)) for k, s, n in rows}
+
+    def _restore_shards(self) -> int:
+        """Write shards for episodes that only the consolidated tables hold (rule 5)."""
+        episodes_path = self.path / "episodes.parquet"
+        if not episodes_path.exists():
+            return 0
+        episodes = pq.read_table(episodes_path, schema=EPISODE_SCHEMA)
+        done = self.completed()
+        missing = sorted(set(episodes.column("episode").to_pylist()) - done)
+        if not missing:
+            return 0
+        actions_path = self.path / "actions.parquet"
+        actions = (pq.read_table(actions_path, schema=ACTION_SCHEMA) if actions_path.exists()
+                   else ACTION_SCHEMA.empty_table())
+        episode_keys = episodes.column("episode")
+        action_keys = actions.column("episode")
+        for key in missing:
+            name = self._shard_name(key)
+            write_table_atomic(actions.filter(pc.equal(action_keys, key)),
+                               self.actions_dir / name)
+            write_table_atomic(episodes.filter(pc.equal(episode_keys, key)),
+                               self.episodes_dir / name)
+            self.db.execute(
+                "INSERT INTO episodes (key, status, attempts, completed_at, aborted) "
+                "VALUES (?, 'complete', 1, ?, NULL) ON CONFLICT(key) DO NOTHING",
+                (key, _now_iso()))
+        return len(missing)
+
+    # -- consolidation
+    def consolidate(self) -> tuple[int, int]:
+        """Write actions.parquet and episodes.parquet from committed shards (atomically).
+
+        Returns (action rows, episode rows).
+        """
+        keys = sorted(self.completed())
+        episode_tables = [pq.read_table(self.episodes_dir / self._shard_name(k),
+                                        schema=EPISODE_SCHEMA) for k in keys]
+        action_tables = []
+        for k in keys:
+            shard = self.actions_dir / self._shard_name(k)
+            if shard.exists():
+                action_tables.append(pq.read_table(shard, schema=ACTION_SCHEMA))
+        episodes = _dedupe(pa.concat_tables(episode_tables) if episode_tables
+                           else EPISODE_SCHEMA.empty_table())
+        actions = _dedupe(pa.concat_tables(action_tables) if action_tables
+                          else ACTION_SCHEMA.empty_table(), by=("episode", "action"))
+        write_table_atomic(actions, self.path / "actions.parquet")
+        write_table_atomic(episodes, self.path / "episodes.parquet")
+        return actions.num_rows, episodes.num_rows
+
+
+def _dedupe(table: pa.Table, by: tuple[str, ...] = ("episode",)) -> pa.Table:
+    """Keep the last row per ``by`` (shards are one per episode, so this is a guard)."""
+    seen: dict[tuple[Any, ...], int] = {}
+    columns = [table.column(c).to_pylist() for c in by]
+    for index, ident in enumerate(zip(*columns, strict=True)):
+        seen[ident] = index
+    keep = sorted(seen.values())
+    if len(keep) == table.num_rows:
+        return table
+    return table.take(pa.array(keep, type=pa.int64()))

@@ -1,0 +1,94 @@
+"""The result columns: one schema for the writer (run directory), the loader and the
+reports.
+
+A row is the cell's columns, the episode's identity columns, then what the runner
+measured. The runner hands back exactly :data:`RUNNER_ACTION_FIELDS` per protected
+action and :data:`RUNNER_EPISODE_FIELDS` per episode; the campaign loop adds the rest.
+Column meanings are listed in docs/campaigns.md ("Result columns").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+#: Columns that identify a cell (the configuration an episode ran under).
+CELL_COLUMNS: tuple[str, ...] = (
+    "campaign", "cell", "policy", "network", "backend", "trace_offset_s", "connection",
+    "agents", "keys", "deps", "rho", "tier", "units",
+)
+#: Columns identifying the episode and its schedule.
+EPISODE_ID_COLUMNS: tuple[str, ...] = ("episode", "family", "template", "schedule_digest")
+
+#: Per protected action, written by the runner (every one required).
+RUNNER_ACTION_FIELDS: tuple[str, ...] = (
+    "action", "outcome", "invalid", "complete", "replans", "stall_ms", "bytes", "connections",
+    "block_reason",
+)
+#: Per episode, written by the runner (every one required for a completed episode).
+RUNNER_EPISODE_FIELDS: tuple[str, ...] = (
+    "stall_ms_per_action", "stall_action_ms", "stall_barrier_ms", "stall_commit_ms",
+    "kib_per_action", "connections", "link_bytes", "wall_s", "congestion_control",
+)
+
+_CELL_TYPES: dict[str, pa.DataType] = {
+    "campaign": pa.string(), "cell": pa.string(), "policy": pa.string(),
+    "network": pa.string(), "backend": pa.string(), "trace_offset_s": pa.float64(),
+    "connection": pa.string(), "agents": pa.int64(), "keys": pa.int64(), "deps": pa.int64(),
+    "rho": pa.float64(), "tier": pa.string(), "units": pa.int64(),
+    "episode": pa.string(), "family": pa.string(), "template": pa.string(),
+    "schedule_digest": pa.string(),
+}
+_ACTION_TYPES: dict[str, pa.DataType] = {
+    "unit": pa.int64(), "planner": pa.string(), "executor": pa.string(),
+    "action": pa.string(), "outcome": pa.string(), "invalid": pa.bool_(),
+    "complete": pa.bool_(), "replans": pa.int64(), "stall_ms": pa.float64(),
+    "bytes": pa.int64(), "connections": pa.int64(), "block_reason": pa.string(),
+}
+_EPISODE_TYPES: dict[str, pa.DataType] = {
+    "seed": pa.int64(), "scheduled_actions": pa.int64(), "attempted_actions": pa.int64(),
+    "updates": pa.int64(), "aborted": pa.bool_(), "abort_reason": pa.string(),
+    "stall_ms_per_action": pa.float64(), "stall_action_ms": pa.float64(),
+    "stall_barrier_ms": pa.float64(), "stall_commit_ms": pa.float64(),
+    "kib_per_action": pa.float64(), "connections": pa.int64(), "link_bytes": pa.int64(),
+    "wall_s": pa.float64(), "congestion_control": pa.string(),
+}
+ACTION_SCHEMA = pa.schema([*(pa.field(c, _CELL_TYPES[c]) for c in _CELL_TYPES),
+                           *(pa.field(c, t) for c, t in _ACTION_TYPES.items())])
+EPISODE_SCHEMA = pa.schema([*(pa.field(c, _CELL_TYPES[c]) for c in _CELL_TYPES),
+                            *(pa.field(c, t) for c, t in _EPISODE_TYPES.items())])
+ACTION_COLUMNS: tuple[str, ...] = tuple(ACTION_SCHEMA.names)
+EPISODE_COLUMNS: tuple[str, ...] = tuple(EPISODE_SCHEMA.names)
+
+#: Columns that identify a configuration (a stratum of a report) apart from the policy.
+STRATUM_COLUMNS: tuple[str, ...] = tuple(c for c in CELL_COLUMNS
+                                         if c not in ("campaign", "cell", "policy"))
+#: Columns that fix a workload schedule (identical across policies and connections).
+SCHEDULE_COLUMNS: tuple[str, ...] = ("agents", "keys", "deps", "rho", "units", "tier",
+                                     "family", "template")
+
+
+class ResultRowError(Exception):
+    """The runner handed back rows that break the result-column contract (a runner bug)."""
+
+
+def rows_table(rows: Sequence[Mapping[str, Any]], schema: pa.Schema, what: str) -> pa.Table:
+    """Rows as an Arrow table of SCHEMA; a value that does not fit is a ResultRowError."""
+    try:
+        return pa.Table.from_pylist([dict(r) for r in rows], schema=schema)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as exc:
+        raise ResultRowError(f"{what}: a value does not fit the column types: {exc}") from exc
+
+
+def check_fields(row: Mapping[str, Any], required: Iterable[str], allowed: Iterable[str],
+                 what: str) -> None:
+    """Every ``required`` field present and nothing outside ``allowed`` (one-line error)."""
+    missing = [f for f in required if f not in row]
+    if missing:
+        raise ResultRowError(f"{what}: missing field(s) {', '.join(missing)}")
+    extra = sorted(set(row) - set(allowed))
+    if extra:
+        raise ResultRowError(f"{what}: unknown field(s) {', '.join(extra)}; "
+                             f"allowed: {', '.join(allowed)}")

@@ -1,0 +1,82 @@
+"""The contract between the campaign loop and the episode runner.
+
+``run_campaign`` (``testbed.run.loop``) calls ``runner.open_group(GroupKey, cells)``, an
+async context manager yielding a :class:`Group` whose ``run_episode(cell, schedule)``
+returns an :class:`EpisodeResult`: per action exactly ``RUNNER_ACTION_FIELDS``, per
+episode ``RUNNER_EPISODE_FIELDS`` (``testbed.results.schema``). A failing node or a
+timeout raises :class:`EpisodeAborted`; the loop records the abort and reopens the group.
+Several groups may be live at once (lanes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from testbed.spec.campaign import Cell, GroupKey
+from testbed.spec.workload import Schedule
+
+#: The runner enforces options.episode_timeout_s itself; the loop cancels an episode
+#: that outlives it by this much (a backstop against a runner that hangs).
+BACKSTOP_GRACE_S = 30.0
+
+
+class EpisodeAborted(Exception):
+    """Raised by a runner when an episode cannot finish (node failure, timeout)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+
+@dataclass(frozen=True)
+class EpisodeResult:
+    """Measurements of one finished episode.
+
+    ``actions``: one dict per scheduled protected action with exactly the fields in
+    ``testbed.results.schema.RUNNER_ACTION_FIELDS``. ``episode``: the fields in
+    ``RUNNER_EPISODE_FIELDS`` (``wall_s`` and ``congestion_control`` may be
+    left out). The campaign adds the cell, schedule and identity columns.
+    """
+
+    actions: list[dict[str, Any]]
+    episode: dict[str, Any]
+
+
+class Group(Protocol):
+    """A live topology (and its node processes) shared by the cells of one group."""
+
+    @property
+    def backend(self) -> str:
+        """Link backend in use: "userspace", "netem" or "none"."""
+        ...
+
+    @property
+    def description(self) -> Mapping[str, Any]:
+        """JSON-able description of the topology for the manifest."""
+        ...
+
+    async def run_episode(self, cell: Cell, schedule: Schedule) -> EpisodeResult:
+        """Run one episode on fresh stores and counters; raise EpisodeAborted on failure."""
+        ...
+
+
+class Runner(Protocol):
+    def open_group(self, key: GroupKey, cells: Sequence[Cell]
+                   ) -> AbstractAsyncContextManager[Group]:
+        """Build the group's topology and processes; tear them down on exit."""
+        ...
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    out_dir: Path
+    episodes: int  # in the campaign
+    skipped: int  # already complete when this run started (resume)
+    ran: int
+    aborted: int
+    wall_s: float

@@ -1,0 +1,344 @@
+"""Controller side of the node processes: start them, configure them, drive them.
+
+One ``python -m nodes`` process per agent (plus ``central`` when asked), each started
+with ``trio.run_process`` inside the team's nursery, optionally inside a network
+namespace. Each node's control socket gets one persistent connection (one request at
+a time). Setup follows the two-step ``configure`` of docs/architecture.md: first every
+node binds its data-plane port (port 0 in the roster), then every node receives the
+complete roster. ``reset_all`` starts a new episode cheaply (fresh store file, zeroed
+counters, closed pooled connections, new policy object) without restarting processes.
+
+On exit the team asks each node to shut down, waits briefly, then lets trio terminate
+(SIGTERM, later SIGKILL) only the processes it started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any, TypeVar
+
+import trio
+
+import nodes
+from nodes.control import ControlClient
+from nodes.store import DURABILITY_MODES
+from nodes.transport import CONNECTION_SETTINGS
+from protocols.errors import RemoteProtocolError
+from protocols.identity import CENTRAL_ID, Identity, Member, Roster
+from testbed.errors import RunFailure
+
+log = logging.getLogger("testbed.run.team")
+
+T = TypeVar("T")
+STARTUP_TIMEOUT_S = 30.0
+SHUTDOWN_GRACE_S = 5.0
+CONNECTIONS: tuple[str, ...] = tuple(CONNECTION_SETTINGS)
+DURABILITIES: tuple[str, ...] = tuple(DURABILITY_MODES)
+
+
+class NodeDied(RunFailure):
+    """A node process exited (or its control socket broke) while the team needed it."""
+
+
+class NodeOpError(RunFailure):
+    """A node refused or failed a control op; the message is the node's reason."""
+
+    def __init__(self, agent: str, op: str, error: str) -> None:
+        super().__init__(f"{agent}: {op}: {error}")
+        self.agent, self.op, self.error = agent, op, error
+
+
+def key_names(n_keys: int) -> list[str]:
+    """The shared keyspace X: ``k000``, ``k001``, ..."""
+    return [f"k{i:03d}" for i in range(n_keys)]
+
+
+def key_owners(agents: Sequence[str], n_keys: int) -> dict[str, str]:
+    """Round-robin ownership of ``n_keys`` keys over ``agents``."""
+    if not agents:
+        raise ValueError("agents: at least one agent is needed")
+    return {key: agents[i % len(agents)] for i, key in enumerate(key_names(n_keys))}
+
+
+def _open_log(path: Path) -> int:
+    """A node's log file, opened for appending (stdout and stderr of the process)."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+
+def _source_root() -> str:
+    """The directory holding the ``nodes`` package (so children import the same code)."""
+    return str(Path(nodes.__file__).resolve().parents[1])
+
+
+def _make_dirs(*paths: Path) -> None:
+    for path in paths:
+        path.mkdir(parents=True, exist_ok=True)
+
+
+@dataclass
+class _Node:
+    agent: str
+    netns: str | None
+    bind_host: str
+    control_path: str
+    log_path: Path
+    store_path: Path
+    process: trio.Process | None = None
+    client: ControlClient | None = None
+    returncode: int | None = None
+    port: int = 0
+
+
+@dataclass
+class Team:
+    """A running team; create with :func:`open_team`."""
+
+    agents: list[str]
+    central: bool
+    campaign_seed: int | str
+    connection: str
+    policy: str
+    durability: str
+    rpc_timeout_s: float
+    owners: dict[str, str]
+    probes: tuple[str, ...] = ()
+    plugins: tuple[str, ...] = ()
+    roster: Roster = field(init=False)
+    _nodes: dict[str, _Node] = field(default_factory=dict)
+    _closing: bool = False
+
+    # --- public ------------------------------------------------------------------------
+    @property
+    def members(self) -> list[str]:
+        """Agents whose processes this team runs (agents, then central)."""
+        return list(self._nodes)
+
+    def identity(self, agent: str) -> Identity:
+        """The identity of a member or a probe (for tests and benchmarks only)."""
+        return Identity.derive(agent, self.campaign_seed)
+
+    def log_path(self, agent: str) -> Path:
+        return self._nodes[agent].log_path
+
+    def log_tail(self, agent: str, lines: int = 20) -> str:
+        try:
+            with open(self._nodes[agent].log_path, errors="replace") as f:
+                return "".join(deque(f, maxlen=lines))
+        except OSError:
+            return ""
+
+    async def call(self, agent: str, op: str, **args: Any) -> dict[str, Any]:
+        """Run one control op at ``agent``; returns the reply without ``ok``.
+
+        Raises :class:`NodeOpError` if the node refused, :class:`NodeDied` if it is gone.
+        """
+        node = self._nodes.get(agent)
+        if node is None:
+            raise ValueError(f"agent: {agent!r} not one of {', '.join(self._nodes)}")
+        if node.client is None or node.returncode is not None:
+            raise await self._died(node, "control connection is not open")
+        try:
+            reply = await node.client.request(op, **args)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError,
+                RemoteProtocolError) as exc:
+            raise await self._died(node, f"{op}: {exc!r}") from None
+        if not reply.get("ok"):
+            raise NodeOpError(agent, op, str(reply.get("error")))
+        reply.pop("ok")
+        return reply
+
+    async def reset_all(self, *, policy: str | None = None, connection: str | None = None,
+                        owners: Mapping[str, str] | None = None) -> None:
+        """New episode at every node: fresh stores, zeroed counters, new policy objects.
+
+        ``owners`` (a new keyspace) re-sends the roster first; ports stay the same.
+        """
+        if connection is not None and connection not in CONNECTIONS:
+            raise ValueError(f"connection: {connection!r} not one of {', '.join(CONNECTIONS)}")
+        if owners is not None and dict(owners) != self.owners:
+            self.owners = dict(owners)
+            self.roster = self._build_roster()
+            await self._configure_all()
+        self.policy = policy or self.policy
+        self.connection = connection or self.connection
+        await self._each(lambda n: self.call(
+            n.agent, "reset", store_path=str(n.store_path), policy=self.policy,
+            connection=self.connection))
+
+    async def counters(self) -> dict[str, dict[str, int]]:
+        replies = await self._each(lambda n: self.call(n.agent, "counters"))
+        return dict(zip(self._nodes, replies, strict=True))
+
+    # --- internals -----------------------------------------------------------------------
+    async def _each(self, fn: Callable[[_Node], Awaitable[T]]) -> list[T]:
+        """Run ``fn`` for every node at once; re-raise the first failure plainly."""
+        nodes_ = list(self._nodes.values())
+        results: list[Any] = [None] * len(nodes_)
+        errors: list[BaseException] = []
+
+        async def one(i: int, node: _Node) -> None:
+            try:
+                results[i] = await fn(node)
+            except Exception as exc:
+                errors.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            for i, node in enumerate(nodes_):
+                nursery.start_soon(one, i, node)
+        if errors:
+            raise errors[0]
+        return results
+
+    async def _died(self, node: _Node, detail: str) -> NodeDied:
+        if node.process is not None and node.returncode is None:
+            with trio.move_on_after(2.0):
+                await node.process.wait()
+            node.returncode = node.process.returncode
+        tail = self.log_tail(node.agent).rstrip()
+        code = "still running" if node.returncode is None else f"exit code {node.returncode}"
+        return NodeDied(f"node {node.agent} failed ({code}; {detail}); last log lines "
+                        f"from {node.log_path}:\n{tail}")
+
+    def _build_roster(self) -> Roster:
+        members = [Member(a, self.identity(a).public_key, n.bind_host, n.port)
+                   for a, n in self._nodes.items()]
+        members += [Member(p, self.identity(p).public_key, "", 0) for p in self.probes]
+        return Roster.build(members, self.owners, self.agents)
+
+    def _configure_args(self, node: _Node) -> dict[str, Any]:
+        return {"agent_id": node.agent, "identity_seed": self.identity(node.agent).seed,
+                "roster": self.roster.to_wire(), "connection": self.connection,
+                "policy": self.policy, "rpc_timeout_s": self.rpc_timeout_s,
+                "durability": self.durability, "store_path": str(node.store_path)}
+
+    async def _configure_all(self) -> None:
+        async def one(node: _Node) -> None:
+            reply = await self.call(node.agent, "configure", **self._configure_args(node))
+            node.port = int(reply["port"])
+
+        await self._each(one)
+
+    async def _supervise(self, node: _Node, env: dict[str, str], *,
+                         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+                         ) -> None:
+        cmd = [sys.executable, "-m", "nodes", "--control", node.control_path,
+               "--log-level", "info"]
+        for module in self.plugins:
+            cmd += ["--plugin", module]
+        if node.netns is not None:
+            cmd += ["--netns", node.netns]
+        log_fd = _open_log(node.log_path)
+        try:
+            async with trio.open_nursery() as inner:
+                node.process = await inner.start(partial(
+                    trio.run_process, cmd, check=False, stdin=subprocess.DEVNULL,
+                    stdout=log_fd, stderr=log_fd, env=env))
+                task_status.started()
+        finally:
+            os.close(log_fd)
+        node.returncode = node.process.returncode
+        if not self._closing:
+            log.error("node %s exited unexpectedly with code %s", node.agent, node.returncode)
+
+    async def _wait_ready(self, node: _Node) -> None:
+        with trio.move_on_after(STARTUP_TIMEOUT_S):
+            while True:
+                if node.returncode is not None or (
+                        node.process is not None and node.process.returncode is not None):
+                    raise await self._died(node, "exited during startup")
+                try:
+                    node.client = await ControlClient.connect(node.control_path)
+                except OSError:
+                    await trio.sleep(0.02)
+                    continue
+                await self.call(node.agent, "ping")
+                return
+        raise await self._died(node, f"no control socket after {STARTUP_TIMEOUT_S} s")
+
+    async def _shutdown(self) -> None:
+        self._closing = True
+
+        async def one(node: _Node) -> None:
+            if node.client is None:
+                return
+            with trio.move_on_after(2.0), contextlib.suppress(
+                    trio.BrokenResourceError, trio.ClosedResourceError, OSError,
+                    RemoteProtocolError):
+                await node.client.request("shutdown")
+            await node.client.aclose()
+            node.client = None
+            if node.process is not None:
+                with trio.move_on_after(SHUTDOWN_GRACE_S):
+                    await node.process.wait()
+
+        with trio.CancelScope(shield=True):
+            await self._each(one)
+
+
+@asynccontextmanager
+async def open_team(*, agents: Sequence[str], central: bool,
+                    hosts: Mapping[str, tuple[str | None, str]], workdir: Path,
+                    campaign_seed: int | str, connection: str, policy: str,
+                    durability: str = "full", rpc_timeout_s: float = 10.0,
+                    owners: Mapping[str, str] | None = None,
+                    probes: Sequence[str] = (),
+                    plugins: Sequence[str] = ()) -> AsyncIterator[Team]:
+    """Start and configure a team of node processes; stop them all on exit.
+
+    ``hosts[agent] = (netns or None, bind address)``, also for ``central`` if used.
+    ``owners`` maps shared keys to agents (default: 8 keys round-robin).
+    ``probes`` are extra roster members with no process (a test or benchmark acting
+    as a client with ``team.identity(probe)``). ``plugins`` are modules each node
+    imports at start (``python -m nodes --plugin``), e.g. to register a test policy.
+    """
+    if connection not in CONNECTIONS:
+        raise ValueError(f"connection: {connection!r} not one of {', '.join(CONNECTIONS)}")
+    if durability not in DURABILITIES:
+        raise ValueError(f"durability: {durability!r} not one of {', '.join(DURABILITIES)}")
+    if not agents or len(set(agents)) != len(agents) or CENTRAL_ID in agents:
+        raise ValueError(f"agents: need distinct names other than {CENTRAL_ID!r}")
+    members = [*agents, CENTRAL_ID] if central else list(agents)
+    for name in members:
+        if name not in hosts:
+            raise ValueError(f"hosts: no entry for {name!r}")
+    team = Team(list(agents), central, campaign_seed, connection, policy, durability,
+                float(rpc_timeout_s), dict(owners or key_owners(agents, 8)), tuple(probes),
+                tuple(plugins))
+    workdir = Path(workdir)
+    _make_dirs(workdir / "logs", workdir / "stores")
+    sock_dir = tempfile.mkdtemp(prefix="pft-ctl-")  # short: Unix socket paths are <108 bytes
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_source_root(), env.get("PYTHONPATH")]))
+    for name in members:
+        netns, host = hosts[name]
+        team._nodes[name] = _Node(name, netns, host, os.path.join(sock_dir, f"{name}.sock"),
+                                  workdir / "logs" / f"{name}.log",
+                                  workdir / "stores" / f"{name}.sqlite")
+    try:
+        async with trio.open_nursery() as nursery:
+            try:
+                for node in team._nodes.values():
+                    await nursery.start(team._supervise, node, env)
+                await team._each(team._wait_ready)
+                team.roster = team._build_roster()
+                await team._configure_all()  # bind: learn every data-plane port
+                team.roster = team._build_roster()
+                await team._configure_all()  # the complete roster
+                yield team
+            finally:
+                await team._shutdown()
+                nursery.cancel_scope.cancel()  # terminate/kill whatever did not exit
+    finally:
+        shutil.rmtree(sock_dir, ignore_errors=True)

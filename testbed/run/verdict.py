@@ -1,0 +1,43 @@
+"""The validity verdict, from the owners' own head logs (never from what a node claims).
+
+A released action is invalid if the recorded input of some declared key differs from
+the owner's head at the instant the action was issued. Owners log every head change
+with its CLOCK_MONOTONIC time, which is system wide, so logs of different processes
+compare; an action's issue time comes from the same clock.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+HeadLog = dict[str, tuple[list[int], list[bytes]]]  # key -> (sorted t_ns, record ids)
+
+
+def build_head_log(logs: Mapping[str, Sequence[Sequence[Any]]]) -> HeadLog:
+    """Merge owners' head logs ``[key, seq, id, t_ns]`` into per-key timelines."""
+    merged: dict[str, list[tuple[int, int, bytes]]] = defaultdict(list)
+    for entries in logs.values():
+        for key, seq, record_id, t_ns in entries:
+            merged[str(key)].append((int(t_ns), int(seq), bytes(record_id)))
+    timeline: HeadLog = {}
+    for key, entries in merged.items():
+        entries.sort()
+        timeline[key] = ([t for t, _, _ in entries], [rid for _, _, rid in entries])
+    return timeline
+
+
+def head_at(timeline: HeadLog, key: str, t_ns: int) -> bytes | None:
+    """The owner's head of ``key`` at ``t_ns`` (None before its first version)."""
+    times, ids = timeline.get(key, ([], []))
+    index = bisect.bisect_right(times, t_ns) - 1
+    return ids[index] if index >= 0 else None
+
+
+def judge_invalid(timeline: HeadLog, keys: Sequence[str], inputs: Mapping[str, bytes],
+                  issue_t_ns: int) -> bool:
+    """True if some declared input differs from its owner's head at issue time."""
+    return any(inputs.get(key) is None or inputs[key] != head_at(timeline, key, issue_t_ns)
+               for key in keys)

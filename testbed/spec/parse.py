@@ -1,0 +1,261 @@
+"""Campaign files: TOML in, a validated :class:`Campaign` out, or a one-line error.
+
+Rules this module obeys:
+
+1. A campaign file is validated completely before anything runs; every error is one
+   line naming the field and the allowed values (:class:`CampaignError`).
+2. The allowed values come from ``testbed.spec.vocabulary`` (the registries), never
+   from a list kept here.
+3. Presets are campaign files shipped in ``testbed/spec/presets/``; a name that is not
+   a file is looked up there.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from collections.abc import Mapping, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from testbed.spec.campaign import (
+    GRID_DEFAULTS,
+    GRID_FIELDS,
+    Campaign,
+    CampaignError,
+    Options,
+    fmt_number,
+)
+from testbed.spec.vocabulary import (
+    BACKENDS,
+    CONNECTIONS,
+    DURABILITY,
+    INT_LIMITS,
+    MAX_TEMPLATES,
+    RHOS,
+    TIERS,
+    allowed_policies,
+    network_names,
+    policy_allowed,
+)
+from testbed.spec.workload import (
+    FAMILIES,
+    TEMPLATES_PER_FAMILY,
+    WorkloadError,
+    round_robin_templates,
+    template_family,
+)
+
+TOP_FIELDS = ("name", "seed", "templates", "description", "options", "grid")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+PRESETS_PACKAGE = "testbed.spec"
+
+
+def preset_names() -> list[str]:
+    folder = resources.files(PRESETS_PACKAGE) / "presets"
+    return sorted(p.name.removesuffix(".toml") for p in folder.iterdir()
+                  if p.name.endswith(".toml"))
+
+
+def load_campaign(name_or_path: str | Path) -> Campaign:
+    """Load a shipped preset by name, or a campaign file by path."""
+    text = str(name_or_path)
+    path = Path(text)
+    if path.is_file():
+        return _parse_text(path.read_text(), str(path))
+    presets = preset_names()
+    if text in presets:
+        preset = resources.files(PRESETS_PACKAGE) / "presets" / f"{text}.toml"
+        return _parse_text(preset.read_text(), f"preset {text}")
+    kind = "file not found" if text.endswith(".toml") or "/" in text else \
+        "neither a file nor a preset"
+    raise CampaignError(f"campaign: {text!r} is {kind}; presets: {', '.join(presets)}")
+
+
+def _parse_text(text: str, source: str) -> Campaign:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise CampaignError(f"{source}: invalid TOML: {exc}") from None
+    return parse_campaign(data, source=source)
+
+
+def parse_campaign(data: Mapping[str, Any], *, source: str = "<campaign>") -> Campaign:
+    """Validate a decoded campaign table (see docs/campaigns.md for the format)."""
+    _no_unknown(data, TOP_FIELDS, "campaign")
+    for required in ("name", "seed", "templates", "grid"):
+        if required not in data:
+            raise CampaignError(f"{required}: missing; a campaign needs "
+                                "name, seed, templates and [grid]")
+    name = data["name"]
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise CampaignError(f"name: {name!r} is not allowed; allowed: 1-64 letters, digits, "
+                            "'_', '.', '-' (starting with a letter or digit)")
+    seed = data["seed"]
+    if not _is_int(seed) or seed < 0:
+        raise CampaignError(f"seed: {seed!r} is not allowed; allowed: an integer >= 0")
+    description = data.get("description", "")
+    if not isinstance(description, str):
+        raise CampaignError(f"description: {description!r} is not allowed; allowed: a string")
+    templates = _templates(data["templates"], "templates")
+    options = _options(data.get("options", {}))
+    raw_grid = data["grid"]
+    grids: tuple[dict[str, tuple[Any, ...]], ...]
+    if isinstance(raw_grid, Mapping):
+        grids = (_grid(raw_grid, "grid"),)
+    elif isinstance(raw_grid, list) and raw_grid and all(isinstance(g, Mapping)
+                                                         for g in raw_grid):
+        grids = tuple(_grid(g, f"grid[{i}]") for i, g in enumerate(raw_grid))
+    else:
+        raise CampaignError("grid: expected a [grid] table or [[grid]] tables")
+    return Campaign(name=name, seed=int(seed), templates=tuple(templates), grids=grids,
+                    options=options, description=description, source=source)
+
+
+def _templates(value: Any, where: str) -> list[str]:
+    if _is_int(value):
+        if not 1 <= value <= MAX_TEMPLATES:
+            raise CampaignError(f"{where}: {value} is not allowed; allowed: a count "
+                                f"1..{MAX_TEMPLATES} or a list of template ids")
+        return round_robin_templates(int(value))
+    if not isinstance(value, list) or not value:
+        raise CampaignError(f"{where}: {value!r} is not allowed; allowed: a count "
+                            f"1..{MAX_TEMPLATES} or a non-empty list of template ids")
+    for item in value:
+        try:
+            if not isinstance(item, str):
+                raise WorkloadError(repr(item))
+            template_family(item)
+        except WorkloadError:
+            raise CampaignError(f"{where}: {item!r} is not allowed; allowed: <family>-NN with "
+                                f"family in {', '.join(FAMILIES)} and NN in "
+                                f"01..{TEMPLATES_PER_FAMILY:02d}") from None
+    _no_duplicates(value, where)
+    return [str(v) for v in value]
+
+
+def _options(value: Any) -> Options:
+    if not isinstance(value, Mapping):
+        raise CampaignError("options: expected an [options] table")
+    allowed = tuple(Options.__dataclass_fields__)
+    _no_unknown(value, allowed, "options")
+    out: dict[str, Any] = {}
+    for key in ("rpc_timeout_s", "episode_timeout_s"):
+        if key in value:
+            out[key] = _number(value[key], f"options.{key}", "a number > 0", lo=0,
+                               lo_open=True)
+    if "delay_ms" in value:
+        out["delay_ms"] = _number(value["delay_ms"], "options.delay_ms", "a number >= 0", lo=0)
+    for key, choices in (("durability", DURABILITY), ("backend", BACKENDS)):
+        if key in value:
+            out[key] = _choice(value[key], f"options.{key}", choices)
+    return Options(**out)
+
+
+def _grid(raw: Mapping[str, Any], where: str) -> dict[str, tuple[Any, ...]]:
+    _no_unknown(raw, GRID_FIELDS, where)
+    for required in ("policy", "network"):
+        if required not in raw:
+            raise CampaignError(f"{where}.{required}: missing; list at least one value")
+    grid: dict[str, tuple[Any, ...]] = {}
+    for name in GRID_FIELDS:
+        values = _as_list(raw[name], f"{where}.{name}") if name in raw else \
+            list(GRID_DEFAULTS[name])
+        grid[name] = tuple(_grid_value(name, v, f"{where}.{name}") for v in values)
+        _no_duplicates(list(grid[name]), f"{where}.{name}")
+    too_many = [d for d in grid["deps"] if d > min(grid["keys"])]
+    if too_many:
+        raise CampaignError(f"{where}.deps: {too_many[0]} exceeds {where}.keys "
+                            f"{min(grid['keys'])}; allowed: deps <= keys")
+    return grid
+
+
+def _grid_value(name: str, value: Any, where: str) -> Any:
+    if name == "policy":
+        return _policy(value, where)
+    if name == "network":
+        return _choice(value, where, network_names())
+    if name == "connection":
+        return _choice(value, where, CONNECTIONS)
+    if name == "tier":
+        return _choice(value, where, TIERS)
+    if name == "rho":
+        if _is_number(value) and float(value) in RHOS:
+            return float(value)
+        raise CampaignError(f"{where}: {_fmt_value(value)} is not allowed; allowed: "
+                            f"{', '.join(fmt_number(r) for r in RHOS)}")
+    if name == "trace_offset_s":
+        return _number(value, where, "numbers >= 0 (seconds into the trace)", lo=0)
+    lo, hi = INT_LIMITS[name]
+    if _is_int(value) and lo <= value <= hi:
+        return int(value)
+    raise CampaignError(f"{where}: {_fmt_value(value)} is not allowed; allowed: "
+                        f"integers {lo}..{hi}")
+
+
+def _policy(value: Any, where: str) -> str:
+    if policy_allowed(value):
+        return str(value)
+    raise CampaignError(f"{where}: {_fmt_value(value)} is not allowed; allowed: "
+                        f"{allowed_policies()}")
+
+
+def _choice(value: Any, where: str, choices: Sequence[str]) -> str:
+    if isinstance(value, str) and value in choices:
+        return value
+    raise CampaignError(f"{where}: {_fmt_value(value)} is not allowed; allowed: "
+                        f"{', '.join(choices)}")
+
+
+def _number(value: Any, where: str, allowed: str, *, lo: float, lo_open: bool = False
+            ) -> float:
+    if _is_number(value) and math.isfinite(value) and (value > lo if lo_open else value >= lo):
+        return float(value)
+    raise CampaignError(f"{where}: {_fmt_value(value)} is not allowed; allowed: {allowed}")
+
+
+def _as_list(value: Any, where: str) -> list[Any]:
+    if isinstance(value, list):
+        if not value:
+            raise CampaignError(f"{where}: empty list; list at least one value")
+        return value
+    if isinstance(value, Mapping):
+        raise CampaignError(f"{where}: expected a value or a list of values, not a table")
+    return [value]
+
+
+def _no_unknown(table: Mapping[str, Any], allowed: Sequence[str], where: str) -> None:
+    unknown = [k for k in table if k not in allowed]
+    if unknown:
+        raise CampaignError(f"{where}: unknown field {unknown[0]!r}; allowed: "
+                            f"{', '.join(allowed)}")
+
+
+def _no_duplicates(values: list[Any], where: str) -> None:
+    seen: set[Any] = set()
+    for v in values:
+        if v in seen:
+            raise CampaignError(f"{where}: {_fmt_value(v)} is listed twice; list each value once")
+        seen.add(v)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _fmt_value(value: Any) -> str:
+    return fmt_number(value) if _is_number(value) and math.isfinite(value) else repr(value)
+
+
+def recorded_campaign(config: Mapping[str, Any], *, source: str = "<manifest>") -> Campaign:
+    """The campaign a manifest's ``config`` describes, for its cells and templates.
+
+    Options are left out: the manifest stores every option, unset ones as None, which a
+    campaign file may not say, and options shape neither cells nor schedules."""
+    return parse_campaign({**config, "options": {}}, source=source)

@@ -1,0 +1,65 @@
+"""The allowed values of every campaign field, read from the registries that define them.
+
+Nothing here keeps its own list of names: networks come from the profile registry
+(``testbed.links.profiles``), policies from the policy registry (with their
+parameters and whether they need the central directory), connection and durability
+settings from the node that implements them, backends from the link layer, tiers and
+workload bounds from the workload generator. Registering a profile or a policy is
+therefore enough for a campaign file to name it.
+"""
+
+from __future__ import annotations
+
+from nodes.store import DURABILITY_MODES
+from nodes.transport import CONNECTION_SETTINGS
+from protocols.policies import allowed_specs, describe_policy, make_policy
+from testbed.links.backend import BACKEND_CHOICES
+from testbed.links.profiles import profile_names
+from testbed.spec.workload import (
+    FAMILIES,
+    MAX_AGENTS,
+    MAX_KEYS,
+    MAX_UNITS,
+    MIN_UNITS,
+    TEMPLATES_PER_FAMILY,
+    TIERS,
+)
+
+#: Nominal update rates a campaign may ask for (the paper's grid).
+RHOS = (0.25, 1.0, 4.0, 16.0)
+CONNECTIONS: tuple[str, ...] = tuple(CONNECTION_SETTINGS)
+DURABILITY: tuple[str, ...] = tuple(DURABILITY_MODES)
+BACKENDS: tuple[str, ...] = BACKEND_CHOICES
+MAX_TEMPLATES = len(FAMILIES) * TEMPLATES_PER_FAMILY
+#: (lowest, highest) for the integer grid fields.
+INT_LIMITS: dict[str, tuple[int, int]] = {
+    "keys": (1, MAX_KEYS), "agents": (2, MAX_AGENTS), "deps": (1, MAX_KEYS),
+    "units": (MIN_UNITS, MAX_UNITS),
+}
+
+__all__ = ["BACKENDS", "CONNECTIONS", "DURABILITY", "INT_LIMITS", "MAX_TEMPLATES", "RHOS",
+           "TIERS", "allowed_policies", "network_names", "policy_allowed", "policy_needs_central"]
+
+
+def network_names() -> tuple[str, ...]:
+    return profile_names()
+
+
+def allowed_policies() -> str:
+    """What a campaign may write as a policy, in words."""
+    return allowed_specs()
+
+
+def policy_allowed(spec: object) -> bool:
+    if not isinstance(spec, str):
+        return False
+    try:
+        make_policy(spec)
+    except ValueError:
+        return False
+    return True
+
+
+def policy_needs_central(spec: str) -> bool:
+    """Whether cells of this policy need the central metadata directory's host."""
+    return describe_policy(spec).needs_central

@@ -1,0 +1,36 @@
+"""Run a function as the unprivileged user ``nobody`` (for tests run as root)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+NOBODY = 65534
+
+
+def as_nobody(fn: Callable[[], Any]) -> Any:
+    """``fn()`` in a forked child that dropped to uid/gid 65534; its JSON-able result.
+
+    The child exits with ``os._exit`` (no cleanup handlers of the parent run twice).
+    """
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            os.close(read_fd)
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            os.write(write_fd, json.dumps(fn()).encode())
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as pipe:
+        payload = pipe.read()
+    _, wait_status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(wait_status) == 0, "the unprivileged child failed"
+    return json.loads(payload)
