@@ -28,6 +28,7 @@ from typing import Any
 
 import trio
 
+from nodes.act import run_act
 from nodes.client import RpcClient, open_rpc_client
 from nodes.control import ControlError, field
 from nodes.node_env import NodeEnv
@@ -35,10 +36,9 @@ from nodes.rpc import Handlers, SelfServingCaller
 from nodes.server import serve_data_plane
 from nodes.store import DURABILITY_MODES, SqliteStore, remove_store_files
 from nodes.transport import CONNECTION_SETTINGS, Counters
-from protocols.env import ActionRequest
-from protocols.errors import LocalProtocolError, RemoteProtocolError, RpcError
+from protocols.errors import LocalProtocolError
 from protocols.identity import Identity, Roster
-from protocols.planning import PlanningError, derive_plan, own_record
+from protocols.planning import PlanningError, current_inputs, derive_plan, own_record
 from protocols.policies import make_policy
 from protocols.policies.base import Policy
 from protocols.records import RECORD_ID_BYTES, RECORD_TYPES, Record
@@ -207,7 +207,8 @@ class Node:
             self.handlers.roster = cfg.roster
         caller = SelfServingCaller(agent_id=cfg.identity.agent_id, client=client,
                                    handlers=self.handlers)
-        self.env = NodeEnv(identity=cfg.identity, roster=cfg.roster, store=store, client=caller)
+        self.env = NodeEnv(identity=cfg.identity, roster=cfg.roster, store=store, client=caller,
+                           counters=self.counters)
 
     async def close(self) -> None:
         """Stop services and close the store (called on shutdown and on signals)."""
@@ -315,6 +316,9 @@ class Node:
         except PlanningError as exc:
             raise ControlError(str(exc)) from None
 
+    def _traffic(self) -> int:
+        return self.counters.bytes_sent + self.counters.bytes_received
+
     async def _timed_hook(self, hook: str, call: Callable[[], Awaitable[None]]) -> float:
         _, _, env, policy = self._ready()
         env.replan_ns = 0
@@ -336,15 +340,18 @@ class Node:
         store.install(record)
         t_ns = store.head_log()[-1][3]
         new_head = record.head
+        before = self._traffic()
         stall_ms = await self._timed_hook("on_update",
                                           lambda: policy.on_update(env, new_head))
-        return {"head": new_head.to_wire(), "stall_ms": stall_ms, "t_ns": t_ns}
+        return {"head": new_head.to_wire(), "stall_ms": stall_ms, "t_ns": t_ns,
+                "bytes": self._traffic() - before}
 
     async def op_unit_end(self, args: Mapping[str, Any]) -> dict[str, Any]:
         _, _, env, policy = self._ready()
         unit = field(args, "unit", int)
+        before = self._traffic()
         stall_ms = await self._timed_hook("at_unit_end", lambda: policy.at_unit_end(env, unit))
-        return {"stall_ms": stall_ms}
+        return {"stall_ms": stall_ms, "bytes": self._traffic() - before}
 
     async def op_plan(self, args: Mapping[str, Any]) -> dict[str, Any]:
         cfg, _, env, _ = self._ready()
@@ -358,44 +365,32 @@ class Node:
         for key in keys:
             if key not in cfg.roster.owners:
                 raise ControlError(f"keys: {key!r} is not a shared key")
+        before = self._traffic()
         plan = await derive_plan(env, action=action, executor=executor, keys=keys,
                                  depth=depth, decision=decision)
-        return {"root": plan.root, "inputs": plan.inputs}
+        for key, record_id in plan.inputs.items():  # the planner's session read them
+            env.record_read(key, record_id)
+        return {"root": plan.root, "inputs": plan.inputs, "bytes": self._traffic() - before}
+
+    async def op_read(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        """Retrieve the owners' current versions of ``keys`` into the store; the session
+        records them as read (an executor that has seen a revision)."""
+        cfg, _, env, _ = self._ready()
+        keys = _strs(field(args, "keys", list), "keys")
+        for key in keys:
+            if key not in cfg.roster.owners:
+                raise ControlError(f"keys: {key!r} is not a shared key")
+        records = await current_inputs(env, keys)
+        for record in records:
+            env.record_read(record.key, record.id)
+        return {"inputs": {r.key: r.id for r in records}}
 
     async def op_act(self, args: Mapping[str, Any]) -> dict[str, Any]:
         _, _, env, policy = self._ready()
         action = _action(field(args, "action", str))
         roots = _ids(field(args, "roots", list), "roots")
         keys = tuple(_strs(field(args, "keys", list), "keys"))
-        request = ActionRequest(action, roots, keys)
-        before = self.counters.snapshot()
-        replans_before = env.replans_made
-        env.replan_ns = 0
-        started = time.monotonic_ns()
-        try:
-            outcome = await policy.validate(env, request)
-            released, reason = outcome.released, outcome.block_reason
-            replans, issued, inputs = outcome.replans, outcome.issued_roots, outcome.inputs
-        except (RpcError, RemoteProtocolError) as exc:  # fail closed
-            released, reason = False, f"{type(exc).__name__}: {exc}"
-            replans = env.replans_made - replans_before
-            issued, inputs = (), {}
-        decided = time.monotonic_ns()
-        after = self.counters.snapshot()
-        if not released:
-            log.info("act %s blocked: %s", action, reason)
-        return {
-            "outcome": "released" if released else "blocked",
-            "replans": replans,
-            "stall_ms": _ms(decided - started - env.replan_ns),
-            "bytes": (after["bytes_sent"] + after["bytes_received"]
-                      - before["bytes_sent"] - before["bytes_received"]),
-            "connections": after["connections_opened"] - before["connections_opened"],
-            "issued_roots": list(issued),
-            "inputs": dict(inputs),
-            "issue_t_ns": decided,
-            "block_reason": "" if released else (reason or "blocked"),
-        }
+        return await run_act(env, policy, self.counters, action, roots, keys, args)
 
     async def op_counters(self, args: Mapping[str, Any]) -> dict[str, Any]:
         return self.counters.snapshot()

@@ -1,22 +1,30 @@
 """NodeEnv: the :class:`protocols.env.PolicyEnv` a policy runs against inside a node.
 
 Every remote method is exactly one RPC through the node's client (``nodes.rpc``
-helpers check the answers). ``replan`` replays a recorded decision
-(:func:`protocols.planning.replacement_plan`): it is generation, not coordination, so
-its elapsed time is accumulated in ``replan_ns`` for the node to subtract from stall.
+helpers check the answers); each is accounted to the operation's rounds and phases
+(``nodes.meter``) unless the node answers itself. ``replan`` replays a recorded decision
+(:func:`protocols.planning.replacement_plan`), after ``replan_delay_s`` (a synthetic
+generation time the controller may set for one operation, appendix F): it is
+generation, not coordination, so its elapsed time is accumulated in ``replan_ns`` for
+the node to subtract from stall. The session's read set (``session_reads``) lives as
+long as this env, one episode.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TypeVar
 
+import trio
+
 from nodes import rpc
+from nodes.meter import RoundMeter
 from nodes.store import SqliteStore
+from nodes.transport import Counters
 from protocols.concurrency import run_concurrently
 from protocols.env import ActionRequest, LocalStore
-from protocols.identity import Identity, Roster
+from protocols.identity import CENTRAL_ID, Identity, Roster
 from protocols.planning import replacement_plan
 from protocols.records import HeadInfo, Record
 
@@ -27,13 +35,16 @@ class NodeEnv:
     """PolicyEnv over a node's store and RPC client."""
 
     def __init__(self, *, identity: Identity, roster: Roster, store: SqliteStore,
-                 client: rpc.RpcCaller) -> None:
+                 client: rpc.RpcCaller, counters: Counters | None = None) -> None:
         self.identity = identity
         self.roster = roster
         self.store: LocalStore = store
         self.client = client
         self.replan_ns = 0  # generation time to exclude from stall (reset per operation)
+        self.replan_delay_s = 0.0  # synthetic generation time of a replan (per operation)
+        self.meter = RoundMeter(counters or Counters())
         self._replans: dict[str, int] = {}  # action -> replacement plans made so far
+        self._reads: dict[str, bytes] = {}
 
     @property
     def replans_made(self) -> int:
@@ -51,32 +62,51 @@ class NodeEnv:
                            ) -> list[T | BaseException]:
         return await run_concurrently(calls)
 
+    async def _call(self, peer: str, method: str, call: Callable[[], Awaitable[T]]) -> T:
+        if peer == self.agent_id:  # answered by our own handlers: no round
+            return await call()
+        return await self.meter.measure(method, call)
+
     # --- data plane --------------------------------------------------------------
     async def owner_heads(self, owner: str, keys: Sequence[str]) -> dict[str, HeadInfo]:
-        return await rpc.call_heads(self.client, self.roster, owner, keys)
+        return await self._call(owner, "heads", lambda: rpc.call_heads(
+            self.client, self.roster, owner, keys))
 
     async def fetch(self, peer: str, record_id: bytes) -> Record:
-        return await rpc.call_fetch(self.client, self.roster, peer, record_id)
+        return await self._call(peer, "fetch", lambda: rpc.call_fetch(
+            self.client, self.roster, peer, record_id))
 
     async def install_at(self, peer: str, records: Sequence[Record]) -> None:
-        await rpc.call_install(self.client, peer, records)
+        await self._call(peer, "install", lambda: rpc.call_install(self.client, peer, records))
 
     async def announce(self, peer: str, heads: Sequence[HeadInfo]) -> None:
-        await rpc.call_announce(self.client, peer, heads)
+        await self._call(peer, "announce", lambda: rpc.call_announce(self.client, peer, heads))
 
     async def replica_versions(self, peer: str, keys: Sequence[str]) -> dict[str, HeadInfo]:
-        return await rpc.call_versions(self.client, self.roster, peer, keys)
+        return await self._call(peer, "versions", lambda: rpc.call_versions(
+            self.client, self.roster, peer, keys))
 
     async def central_commit(self, heads: Sequence[HeadInfo]) -> None:
-        await rpc.call_commit(self.client, heads)
+        await self._call(CENTRAL_ID, "commit", lambda: rpc.call_commit(self.client, heads))
 
     async def central_heads(self, keys: Sequence[str]) -> dict[str, HeadInfo]:
-        return await rpc.call_dir_heads(self.client, self.roster, keys)
+        return await self._call(CENTRAL_ID, "dir_heads", lambda: rpc.call_dir_heads(
+            self.client, self.roster, keys))
+
+    # --- the session -----------------------------------------------------------------
+    def session_reads(self) -> Mapping[str, bytes]:
+        return dict(self._reads)
+
+    def record_read(self, key: str, record_id: bytes) -> None:
+        self._reads[key] = record_id
 
     # --- workflow replay -----------------------------------------------------------
     async def replan(self, request: ActionRequest, inputs: dict[str, bytes]) -> ActionRequest:
         started = time.monotonic_ns()
+        self.meter.replanned = True
         try:
+            if self.replan_delay_s > 0:
+                await trio.sleep(self.replan_delay_s)
             n = self._replans.get(request.action, 0) + 1
             replacement = replacement_plan(self.identity, self.store, request, inputs, n)
             self._replans[request.action] = n

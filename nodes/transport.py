@@ -12,7 +12,9 @@ Rules this module enforces:
    handler raising RemoteProtocolError/IntegrityError) closes *that* connection with a
    logged reason and ``rejected += 1``; the node keeps serving everyone else.
 4. Traffic counters count whole frames on the wire (4-byte prefix + ciphertext),
-   handshake frames included, at the sender and at the receiver.
+   handshake frames included, at the sender and at the receiver; the handshake frames
+   a node sends are also counted on their own (``handshake_bytes_sent``), so traffic
+   can be reported without them.
 5. Client ``fresh``: one TCP connection + handshake per call, closed after the
    response. ``reuse``: one lazily opened connection per peer, requests multiplexed
    by id, a reader task per connection; no response caching; a broken connection is
@@ -57,6 +59,7 @@ class Counters:
     bytes_received: int = 0
     frames_sent: int = 0
     frames_received: int = 0
+    handshake_bytes_sent: int = 0
     connections_opened: int = 0
     connections_accepted: int = 0
     rejected: int = 0
@@ -95,8 +98,11 @@ class FramedStream:
         self._torn = False
 
     async def send_body(self, body: bytes) -> None:
+        """Send an unsealed frame: only the channel handshake sends these."""
         async with self._send_lock:
-            await self._send_frame(wire.encode_frame(body))
+            frame = wire.encode_frame(body)
+            self._counters.handshake_bytes_sent += len(frame)
+            await self._send_frame(frame)
 
     async def send_sealed(self, session: Session, body: bytes) -> None:
         """Encrypt and send under one lock, so nonces go out in counter order."""

@@ -15,7 +15,7 @@ against the requested ID and the roster before they are returned.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -103,6 +103,21 @@ class PolicyEnv(Protocol):
 
     async def central_heads(self, keys: Sequence[str]) -> dict[str, HeadInfo]: ...
 
+    # --- the session (what this agent has observed) ----------------------------------
+    def session_reads(self) -> Mapping[str, bytes]:
+        """The versions this agent's session has read, latest per key (key -> record ID).
+
+        A session read set in the sense of a native validator's observation log: the
+        inputs this agent read when it planned, retrieved or replanned during the
+        episode. It is not the captured C(x) (the newest local version): a record
+        installed by someone else's handoff is held, not read.
+        """
+        ...
+
+    def record_read(self, key: str, record_id: bytes) -> None:
+        """Note that this agent's session read ``record_id`` as the version of ``key``."""
+        ...
+
     # --- the workflow (replay) ------------------------------------------------------
     async def replan(self, request: ActionRequest, inputs: dict[str, bytes]) -> ActionRequest:
         """Produce a replacement plan from locally installed ``inputs`` (key -> record ID).
@@ -117,11 +132,17 @@ class PolicyEnv(Protocol):
 
 @dataclass(frozen=True)
 class ActionRequest:
-    """A protected action at its executor: the plan roots and the declared keys."""
+    """A protected action at its executor: the plan roots and the declared keys.
+
+    ``supplied`` is a version set (key, record ID) the application hands over with the
+    plan, when it carries one across the handoff (the declared version set of a native
+    validator); PlanFence and the baselines never read it.
+    """
 
     action: str
     roots: tuple[bytes, ...]
     declared: tuple[str, ...]
+    supplied: tuple[tuple[str, bytes], ...] = ()
 
 
 @dataclass

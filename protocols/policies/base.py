@@ -25,6 +25,8 @@ class Policy:
     UNSAFE_FRESHNESS: ClassVar[str] = "unsafe_freshness"
     DELAYED_SYNC: ClassVar[str] = "delayed_sync"
     DERIVATION_CURRENT: ClassVar[str] = "derivation_current"
+    #: Stand-ins for a native validator's evidence configurations (Tables 1a / G.1).
+    NATIVE_STANDIN: ClassVar[str] = "native_validator_standin"
 
     #: The name campaign files use (registered by ``@register``).
     name: ClassVar[str] = ""

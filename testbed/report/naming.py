@@ -18,12 +18,14 @@ from protocols.policies import Policy, describe_policy
 UNSAFE = "Unsafe freshness"
 DELAYED = "Delayed sync (unsafe)"
 CURRENT = "Derivation-current"
-CATEGORY_ORDER = (UNSAFE, DELAYED, CURRENT)
+STANDIN = "Native-validator stand-in"
+CATEGORY_ORDER = (UNSAFE, DELAYED, CURRENT, STANDIN)
 
 _LABELS = {
     Policy.UNSAFE_FRESHNESS: UNSAFE,
     Policy.DELAYED_SYNC: DELAYED,
     Policy.DERIVATION_CURRENT: CURRENT,
+    Policy.NATIVE_STANDIN: STANDIN,
 }
 
 # Row order inside a category (unlisted names sort after these, alphabetically).
@@ -31,6 +33,7 @@ _ORDER = (
     "local_replica",
     "owner_head_freshness",
     "centralized_lineage",
+    "centralized_lineage_own_local",
     "metadata_sync",
     "majority_replica",
     "all_replica",
@@ -39,6 +42,8 @@ _ORDER = (
     "adaptive",
     "planfence_grouped",
     "planfence",
+    "session_read_set",
+    "inherited_version_set",
 )
 
 PRIMARY_THREE = ("metadata_sync", "centralized_lineage", "planfence")
@@ -47,6 +52,7 @@ TABLE2_POLICIES = (
     "local_replica",
     "owner_head_freshness",
     "centralized_lineage",
+    "centralized_lineage_own_local",
     "metadata_sync",
     "batched_all_key",
     "planfence",

@@ -17,8 +17,12 @@ import pyarrow as pa
 #: Columns that identify a cell (the configuration an episode ran under).
 CELL_COLUMNS: tuple[str, ...] = (
     "campaign", "cell", "policy", "network", "backend", "trace_offset_s", "connection",
-    "agents", "keys", "deps", "rho", "tier", "units",
+    "agents", "keys", "deps", "rho", "tier", "units", "batch",
 )
+#: Study settings of single-action trials (null in other campaigns; not strata of the
+#: generic tables, the study tables read them).
+STUDY_COLUMNS: tuple[str, ...] = ("replan_delay_s", "update_rate_per_s", "update_target",
+                                 "scenario")
 #: Columns identifying the episode and its schedule.
 EPISODE_ID_COLUMNS: tuple[str, ...] = ("episode", "family", "template", "schedule_digest")
 
@@ -27,17 +31,42 @@ RUNNER_ACTION_FIELDS: tuple[str, ...] = (
     "action", "outcome", "invalid", "complete", "replans", "stall_ms", "bytes", "connections",
     "block_reason",
 )
-#: Per episode, written by the runner (every one required for a completed episode).
+#: Per protected action, written by the runner when it can say (explainable costs, and
+#: the outcome of single-action trials; a trial may also name who actually planned and
+#: executed when its scenario moves a role, e.g. same-session planning).
+COST_ACTION_FIELDS: tuple[str, ...] = (
+    "rounds", "query_bytes", "fetch_bytes", "revalidation_bytes", "query_ms", "fetch_ms",
+    "revalidation_ms", "handshake_bytes",
+)
+TRIAL_ACTION_FIELDS: tuple[str, ...] = (
+    "trial_outcome", "relevant_updates", "unrelated_updates", "action_s", "effect_lag_ms",
+    "gap_ms", "planner", "executor",
+)
+RUNNER_ACTION_OPTIONAL: tuple[str, ...] = (*COST_ACTION_FIELDS, *TRIAL_ACTION_FIELDS)
+#: Per episode, explainable costs: traffic without channel handshakes, and bytes by phase
+#: (their sum is the episode's traffic; docs/campaigns.md).
+COST_EPISODE_FIELDS: tuple[str, ...] = (
+    "kib_per_action_payload", "handshake_bytes", "setup_bytes", "planning_bytes",
+    "query_bytes", "fetch_bytes", "revalidation_bytes", "barrier_bytes", "commit_bytes",
+    "rounds_per_action",
+)
+#: Per episode, written by the runner (every one required for a completed episode, but
+#: for :data:`RUNNER_EPISODE_OPTIONAL`).
 RUNNER_EPISODE_FIELDS: tuple[str, ...] = (
     "stall_ms_per_action", "stall_action_ms", "stall_barrier_ms", "stall_commit_ms",
     "kib_per_action", "connections", "link_bytes", "wall_s", "congestion_control",
+    *COST_EPISODE_FIELDS,
 )
+RUNNER_EPISODE_OPTIONAL: tuple[str, ...] = ("wall_s", "congestion_control",
+                                            *COST_EPISODE_FIELDS)
 
 _CELL_TYPES: dict[str, pa.DataType] = {
     "campaign": pa.string(), "cell": pa.string(), "policy": pa.string(),
     "network": pa.string(), "backend": pa.string(), "trace_offset_s": pa.float64(),
     "connection": pa.string(), "agents": pa.int64(), "keys": pa.int64(), "deps": pa.int64(),
-    "rho": pa.float64(), "tier": pa.string(), "units": pa.int64(),
+    "rho": pa.float64(), "tier": pa.string(), "units": pa.int64(), "batch": pa.int64(),
+    "replan_delay_s": pa.float64(), "update_rate_per_s": pa.float64(),
+    "update_target": pa.string(), "scenario": pa.string(),
     "episode": pa.string(), "family": pa.string(), "template": pa.string(),
     "schedule_digest": pa.string(),
 }
@@ -46,6 +75,12 @@ _ACTION_TYPES: dict[str, pa.DataType] = {
     "action": pa.string(), "outcome": pa.string(), "invalid": pa.bool_(),
     "complete": pa.bool_(), "replans": pa.int64(), "stall_ms": pa.float64(),
     "bytes": pa.int64(), "connections": pa.int64(), "block_reason": pa.string(),
+    "rounds": pa.int64(), "query_bytes": pa.int64(), "fetch_bytes": pa.int64(),
+    "revalidation_bytes": pa.int64(), "query_ms": pa.float64(), "fetch_ms": pa.float64(),
+    "revalidation_ms": pa.float64(), "handshake_bytes": pa.int64(),
+    "trial_outcome": pa.string(), "relevant_updates": pa.int64(),
+    "unrelated_updates": pa.int64(), "action_s": pa.float64(), "effect_lag_ms": pa.float64(),
+    "gap_ms": pa.float64(),
 }
 _EPISODE_TYPES: dict[str, pa.DataType] = {
     "seed": pa.int64(), "scheduled_actions": pa.int64(), "attempted_actions": pa.int64(),
@@ -54,6 +89,10 @@ _EPISODE_TYPES: dict[str, pa.DataType] = {
     "stall_barrier_ms": pa.float64(), "stall_commit_ms": pa.float64(),
     "kib_per_action": pa.float64(), "connections": pa.int64(), "link_bytes": pa.int64(),
     "wall_s": pa.float64(), "congestion_control": pa.string(),
+    "kib_per_action_payload": pa.float64(), "handshake_bytes": pa.int64(),
+    "setup_bytes": pa.int64(), "planning_bytes": pa.int64(), "query_bytes": pa.int64(),
+    "fetch_bytes": pa.int64(), "revalidation_bytes": pa.int64(), "barrier_bytes": pa.int64(),
+    "commit_bytes": pa.int64(), "rounds_per_action": pa.float64(),
 }
 ACTION_SCHEMA = pa.schema([*(pa.field(c, _CELL_TYPES[c]) for c in _CELL_TYPES),
                            *(pa.field(c, t) for c, t in _ACTION_TYPES.items())])

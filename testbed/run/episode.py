@@ -40,8 +40,10 @@ from protocols.policies import describe_policy
 from testbed.errors import RunFailure
 from testbed.links.profiles import get_profile
 from testbed.net.topology import Topology, open_topology
+from testbed.run.accounting import PhaseTally, action_costs, episode_costs, total_sent
 from testbed.run.contract import EpisodeAborted, EpisodeResult
 from testbed.run.team import Team, open_team
+from testbed.run.trials import run_trial
 from testbed.run.verdict import HeadLog, build_head_log, judge_invalid
 from testbed.spec.campaign import Campaign, Cell, GroupKey
 from testbed.spec.workload import Act, Plan, Schedule, Seed, Update
@@ -85,6 +87,8 @@ class TeamGroup:
             raise EpisodeAborted(f"{type(exc).__name__}: {exc}") from None
 
     async def _run(self, cell: Cell, schedule: Schedule) -> EpisodeResult:
+        if self.campaign.kind != "episodes":  # single-action trials (testbed/run/trials.py)
+            return await run_trial(self, cell, schedule)
         team, topo = self.team, self.topo
         started = time.monotonic()
         await team.reset_all(policy=cell.policy, connection=cell.connection,
@@ -96,6 +100,7 @@ class TeamGroup:
         async with trio.open_nursery() as nursery:
             for seed in schedule.seeds:
                 nursery.start_soon(seed_key, seed)
+        phases = PhaseTally(setup=total_sent(await team.counters()))
         await topo.restart_trace()
         links_before = await topo.link_counters()
         barrier = describe_policy(cell.policy).has_unit_end_hook
@@ -113,11 +118,13 @@ class TeamGroup:
                     reply = await team.call(event.owner, "update", key=event.key,
                                             content=event.content)
                     tally.commit_ms += float(reply["stall_ms"])
+                    phases.commit += int(reply.get("bytes", 0))
                 elif isinstance(event, Plan):
                     reply = await team.call(event.planner, "plan", action=event.action,
                                             executor=event.executor, keys=list(event.keys),
                                             depth=event.depth, decision=event.decision)
                     plans[event.action] = bytes(reply["root"])
+                    phases.planning += int(reply.get("bytes", 0))
                 else:
                     reply = await team.call(event.executor, "act", action=event.action,
                                             roots=[plans[event.action]],
@@ -136,7 +143,7 @@ class TeamGroup:
         wall_s = time.monotonic() - started
         self.setup_times.append((setup_s, wall_s))
         return self._result(schedule, acts, timeline, counters, links_before, links_after,
-                            tally, wall_s)
+                            tally, wall_s, phases)
 
     async def _barrier(self, unit: int) -> float:
         """Run the unit-end hook at every member at once; elapsed = the slowest member."""
@@ -156,7 +163,7 @@ class TeamGroup:
                 timeline: HeadLog, counters: Mapping[str, Mapping[str, int]],
                 links_before: Mapping[str, Mapping[str, int]],
                 links_after: Mapping[str, Mapping[str, int]], tally: StallTally,
-                wall_s: float) -> EpisodeResult:
+                wall_s: float, phases: PhaseTally) -> EpisodeResult:
         rows: list[dict[str, Any]] = []
         for act, reply in acts:
             released = reply["outcome"] == "released"
@@ -169,6 +176,7 @@ class TeamGroup:
                 "stall_ms": float(reply["stall_ms"]), "bytes": int(reply["bytes"]),
                 "connections": int(reply["connections"]),
                 "block_reason": str(reply.get("block_reason") or ""),
+                **action_costs(reply),
             })
         attempted = max(len(acts), 1)
         sent = sum(int(c.get("bytes_sent", 0)) for c in counters.values())
@@ -187,6 +195,7 @@ class TeamGroup:
             "link_bytes": link_bytes,
             "wall_s": wall_s,
             "congestion_control": str(self.topo.describe().get("congestion_control", "")),
+            **episode_costs(counters, phases, rows, attempted),
         }
         return EpisodeResult(actions=rows, episode=episode)
 

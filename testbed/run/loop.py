@@ -54,7 +54,9 @@ from testbed.results.provenance import (
 from testbed.results.rundir import RunDir
 from testbed.results.schema import (
     RUNNER_ACTION_FIELDS,
+    RUNNER_ACTION_OPTIONAL,
     RUNNER_EPISODE_FIELDS,
+    RUNNER_EPISODE_OPTIONAL,
     ResultRowError,
     check_fields,
 )
@@ -248,7 +250,8 @@ def _rows(base: dict[str, Any], campaign: Campaign, schedule: Schedule, result: 
     planners = {p.action: p.planner for p in schedule.plans()}
     rows = []
     for row in result.actions:
-        check_fields(row, RUNNER_ACTION_FIELDS, RUNNER_ACTION_FIELDS, f"episode {key}: action")
+        check_fields(row, RUNNER_ACTION_FIELDS, (*RUNNER_ACTION_FIELDS, *RUNNER_ACTION_OPTIONAL),
+                     f"episode {key}: action")
         act = acts.get(row["action"])
         if act is None:
             raise ResultRowError(f"episode {key}: action {row['action']!r} is not scheduled")
@@ -261,8 +264,7 @@ def _rows(base: dict[str, Any], campaign: Campaign, schedule: Schedule, result: 
     if sorted(reported) != sorted(acts):
         raise ResultRowError(f"episode {key}: action rows {len(reported)} do not match the "
                              f"{len(acts)} scheduled actions one to one")
-    optional = ("wall_s", "congestion_control")
-    required = [f for f in RUNNER_EPISODE_FIELDS if f not in optional]
+    required = [f for f in RUNNER_EPISODE_FIELDS if f not in RUNNER_EPISODE_OPTIONAL]
     check_fields(result.episode, required, RUNNER_EPISODE_FIELDS, f"episode {key}: episode")
     episode_row = {**base, "seed": campaign.seed, "scheduled_actions": schedule.counts.actions,
                    "attempted_actions": len(rows), "updates": schedule.counts.updates,

@@ -41,3 +41,30 @@ def judge_invalid(timeline: HeadLog, keys: Sequence[str], inputs: Mapping[str, b
     """True if some declared input differs from its owner's head at issue time."""
     return any(inputs.get(key) is None or inputs[key] != head_at(timeline, key, issue_t_ns)
                for key in keys)
+
+
+def effect_verdict(timeline: HeadLog, keys: Sequence[str], inputs: Mapping[str, bytes],
+                   effect_t_ns: int) -> tuple[bool, int | None]:
+    """Whether every declared input is still its owner's head at the recorded effect, and
+    if not, when the first of them changed (the owner's log time of the change after
+    the issued version; None when the input was never a head)."""
+    first: int | None = None
+    current = True
+    for key in keys:
+        rid = inputs.get(key)
+        if rid is not None and rid == head_at(timeline, key, effect_t_ns):
+            continue
+        current = False
+        times, ids = timeline.get(key, ([], []))
+        if rid in ids:
+            index = ids.index(rid)
+            if index + 1 < len(times):
+                changed = times[index + 1]
+                first = changed if first is None else min(first, changed)
+    return current, first
+
+
+def changes_between(timeline: HeadLog, key: str, start_ns: int, end_ns: int) -> int:
+    """How many times the owner's head of ``key`` changed in (start_ns, end_ns]."""
+    times, _ = timeline.get(key, ([], []))
+    return bisect.bisect_right(times, end_ns) - bisect.bisect_right(times, start_ns)

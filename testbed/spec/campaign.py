@@ -8,8 +8,17 @@ Rules this module obeys:
 2. Episodes are (cell, template) pairs ordered so that cells sharing a topology
    (network, trace offset, agents, central service or not) are contiguous; within a
    group, templates are the outer loop so paired policies run close together in time.
-3. A schedule depends only on the seed, the template and the cell's workload fields,
-   never on the policy, the network or the connection setting.
+3. A schedule depends only on the seed, the template, the cell's workload fields and
+   the ``derivation`` option, never on the policy, the network, the connection setting,
+   the batch or a study setting (replanning delay, update rate, scenario).
+4. A campaign has a ``kind``: ``episodes`` (the workload of ``testbed.spec.workload``)
+   or a study of single-action trials (``testbed.spec.trials``). Study kinds add their
+   grid fields (:data:`STUDY_FIELDS`); ``batch`` (any kind) repeats identical cells as
+   separate batches, each on its own topology, one batch after another.
+5. Fields that did not exist before (a kind, a batch, a study field, an option at its
+   default) are left out of :meth:`Campaign.config` when they keep the earlier
+   behaviour, so runs recorded before them still resume. ``derivation`` is always
+   recorded: its default changed (runs recorded without it used ``template``).
 
 Files become campaigns in ``testbed.spec.parse``; the loop that runs them is
 ``testbed.run.loop``.
@@ -23,8 +32,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from testbed.errors import UserError
+from testbed.spec.trials import KINDS, SCENARIOS, TRIAL_KINDS, trial_schedule
 from testbed.spec.vocabulary import policy_needs_central
 from testbed.spec.workload import (
+    DERIVATIONS,
     Schedule,
     WorkloadError,
     generate_schedule,
@@ -38,6 +49,22 @@ GRID_DEFAULTS: dict[str, tuple[Any, ...]] = {
     "trace_offset_s": (0.0,), "rho": (4.0,), "keys": (8,), "agents": (5,), "deps": (1,),
     "connection": ("fresh",), "tier": ("compact",), "units": (64,),
 }
+#: Grid fields every kind accepts beyond :data:`GRID_FIELDS`.
+EXTRA_FIELDS = ("batch",)
+#: Grid fields of each study kind.
+STUDY_FIELDS: dict[str, tuple[str, ...]] = {
+    "episodes": (), "replanning": ("replan_delay_s", "update_rate_per_s", "update_target"),
+    "handoff": ("scenario",),
+}
+STUDY_DEFAULTS: dict[str, tuple[Any, ...]] = {
+    "batch": (1,), "replan_delay_s": (0.0,), "update_rate_per_s": (0.0,),
+    "update_target": ("relevant",), "scenario": SCENARIOS,
+}
+#: Workload fields a trial does not use: a trial campaign keeps them at their defaults.
+TRIAL_FIXED = ("rho", "units", "deps")
+#: Options added after the first recorded runs, with the default that keeps their old
+#: behaviour (rule 5); ``derivation`` is not one of them (its default changed).
+NEW_OPTION_DEFAULTS: dict[str, Any] = {"action_deadline_s": 30.0, "effect_delay_s": 0.0}
 
 
 class CampaignError(UserError):
@@ -58,20 +85,29 @@ class Options:
     backend: str = "auto"
     delay_ms: float | None = None  # one-way delay of the ``fixed`` profile; None: its default
     episode_timeout_s: float = 600.0
+    #: How plans derive from their inputs (``testbed.spec.workload`` rule 3).
+    derivation: str = DERIVATIONS[0]
+    #: Trials: a decision still pending this long after the action started blocks.
+    action_deadline_s: float = 30.0
+    #: Trials: time between a release and its recorded effect.
+    effect_delay_s: float = 0.0
 
 
 class GroupKey(NamedTuple):
-    """What a topology depends on: cells with equal keys can share one."""
+    """What a topology depends on: cells with equal keys can share one (a batch > 1
+    gets topologies of its own)."""
 
     network: str
     trace_offset_s: float
     agents: int
     central: bool
+    batch: int = 1
 
     @property
     def id(self) -> str:
         return (f"{self.network}_o{fmt_number(self.trace_offset_s)}_n{self.agents}"
-                f"{'_central' if self.central else ''}")
+                f"{'_central' if self.central else ''}"
+                f"{f'_b{self.batch}' if self.batch != 1 else ''}")
 
 
 @dataclass(frozen=True)
@@ -88,13 +124,25 @@ class Cell:
     connection: str
     tier: str
     units: int
+    batch: int = 1
+    replan_delay_s: float | None = None  # replanning trials
+    update_rate_per_s: float | None = None
+    update_target: str | None = None
+    scenario: str | None = None  # handoff trials
 
     @property
     def id(self) -> str:
-        """Stable, filesystem-safe identifier (also the prefix of episode keys)."""
-        return (f"{self.policy.replace('/', '-')}_{self.network}_o{fmt_number(self.trace_offset_s)}"
+        """Stable, filesystem-safe identifier (also the prefix of episode keys); fields
+        at their earlier behaviour add nothing, so earlier ids are unchanged."""
+        base = (f"{self.policy.replace('/', '-')}_{self.network}_o{fmt_number(self.trace_offset_s)}"
                 f"_r{fmt_number(self.rho)}_x{self.keys}_n{self.agents}_d{self.deps}"
                 f"_{self.connection}_{self.tier}_t{self.units}")
+        if self.replan_delay_s is not None and self.update_rate_per_s is not None:
+            base += (f"_delay{fmt_number(self.replan_delay_s)}"
+                     f"_lambda{fmt_number(self.update_rate_per_s)}_{self.update_target}")
+        if self.scenario is not None:
+            base += f"_{self.scenario}"
+        return base + (f"_b{self.batch}" if self.batch != 1 else "")
 
     @property
     def needs_central(self) -> bool:
@@ -102,13 +150,17 @@ class Cell:
 
     @property
     def group_key(self) -> GroupKey:
-        return GroupKey(self.network, self.trace_offset_s, self.agents, self.needs_central)
+        return GroupKey(self.network, self.trace_offset_s, self.agents, self.needs_central,
+                        self.batch)
 
     def columns(self) -> dict[str, Any]:
         return {"cell": self.id, "policy": self.policy, "network": self.network,
                 "trace_offset_s": self.trace_offset_s, "connection": self.connection,
                 "agents": self.agents, "keys": self.keys, "deps": self.deps, "rho": self.rho,
-                "tier": self.tier, "units": self.units}
+                "tier": self.tier, "units": self.units, "batch": self.batch,
+                "replan_delay_s": self.replan_delay_s,
+                "update_rate_per_s": self.update_rate_per_s, "update_target": self.update_target,
+                "scenario": self.scenario}
 
 
 def episode_key(cell: Cell, template: str) -> str:
@@ -126,29 +178,43 @@ class Campaign:
     options: Options = field(default_factory=Options)
     description: str = ""
     source: str = ""
+    kind: str = KINDS[0]
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """The grid fields of this campaign's kind, in cell order."""
+        return (*GRID_FIELDS, *EXTRA_FIELDS, *STUDY_FIELDS[self.kind])
 
     def cells(self) -> list[Cell]:
         cells: dict[Cell, None] = {}
+        names = self.fields
         for grid in self.grids:
-            for values in itertools.product(*(grid[f] for f in GRID_FIELDS)):
-                cells.setdefault(Cell(*values), None)
+            for values in itertools.product(*(grid.get(f, STUDY_DEFAULTS.get(f, (None,)))
+                                              for f in names)):
+                cells.setdefault(Cell(**dict(zip(names, values, strict=True))), None)
         return list(cells)
 
     def groups(self) -> list[tuple[GroupKey, list[Cell]]]:
-        """Cells by topology, groups in order of first appearance."""
+        """Cells by topology, groups in order of first appearance, batch by batch."""
         grouped: dict[GroupKey, list[Cell]] = {}
         for cell in self.cells():
             grouped.setdefault(cell.group_key, []).append(cell)
-        return list(grouped.items())
+        return sorted(grouped.items(), key=lambda item: item[0].batch)
 
     def episodes(self) -> list[tuple[Cell, str]]:
         return [(cell, template) for _, cells in self.groups()
                 for template in self.templates for cell in cells]
 
     def schedule(self, cell: Cell, template: str) -> Schedule:
-        return generate_schedule(seed=self.seed, family=template_family(template),
-                                 template=template, agents=cell.agents, keys=cell.keys,
-                                 units=cell.units, deps=cell.deps, rho=cell.rho, tier=cell.tier)
+        family = template_family(template)
+        if self.kind in TRIAL_KINDS:
+            return trial_schedule(seed=self.seed, family=family, template=template,
+                                  agents=cell.agents, keys=cell.keys, tier=cell.tier,
+                                  derivation=self.options.derivation, kind=self.kind)
+        return generate_schedule(seed=self.seed, family=family, template=template,
+                                 agents=cell.agents, keys=cell.keys, units=cell.units,
+                                 deps=cell.deps, rho=cell.rho, tier=cell.tier,
+                                 derivation=self.options.derivation)
 
     def with_templates(self, count: int) -> Campaign:
         """The same campaign over ``count`` templates taken round robin across families."""
@@ -158,8 +224,18 @@ class Campaign:
             raise CampaignError(str(exc)) from None
 
     def config(self) -> dict[str, Any]:
-        """Normalised configuration (what the manifest stores and --resume compares)."""
-        return {"name": self.name, "seed": self.seed, "templates": list(self.templates),
-                "description": self.description,
-                "options": {k: getattr(self.options, k) for k in Options.__dataclass_fields__},
-                "grid": [{f: list(g[f]) for f in GRID_FIELDS} for g in self.grids]}
+        """Normalised configuration (what the manifest stores and --resume compares);
+        rule 5 says which fields are left out at their defaults."""
+        options = {k: getattr(self.options, k) for k in Options.__dataclass_fields__
+                   if k not in NEW_OPTION_DEFAULTS
+                   or getattr(self.options, k) != NEW_OPTION_DEFAULTS[k]}
+        batches = any(tuple(g.get("batch", (1,))) != (1,) for g in self.grids)
+        names = [*GRID_FIELDS, *(["batch"] if batches else []), *STUDY_FIELDS[self.kind]]
+        config: dict[str, Any] = {
+            "name": self.name, "seed": self.seed, "templates": list(self.templates),
+            "description": self.description, "options": options,
+            "grid": [{f: list(g.get(f, STUDY_DEFAULTS.get(f, ()))) for f in names}
+                     for g in self.grids]}
+        if self.kind != KINDS[0]:
+            config["kind"] = self.kind
+        return config

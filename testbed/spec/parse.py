@@ -21,13 +21,18 @@ from pathlib import Path
 from typing import Any
 
 from testbed.spec.campaign import (
+    EXTRA_FIELDS,
     GRID_DEFAULTS,
     GRID_FIELDS,
+    STUDY_DEFAULTS,
+    STUDY_FIELDS,
+    TRIAL_FIXED,
     Campaign,
     CampaignError,
     Options,
     fmt_number,
 )
+from testbed.spec.trials import KINDS, SCENARIOS, TRIAL_KINDS, UPDATE_TARGETS
 from testbed.spec.vocabulary import (
     BACKENDS,
     CONNECTIONS,
@@ -41,6 +46,7 @@ from testbed.spec.vocabulary import (
     policy_allowed,
 )
 from testbed.spec.workload import (
+    DERIVATIONS,
     FAMILIES,
     TEMPLATES_PER_FAMILY,
     WorkloadError,
@@ -48,7 +54,8 @@ from testbed.spec.workload import (
     template_family,
 )
 
-TOP_FIELDS = ("name", "seed", "templates", "description", "options", "grid")
+TOP_FIELDS = ("name", "seed", "templates", "description", "kind", "options", "grid")
+MAX_BATCHES = 100
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 PRESETS_PACKAGE = "testbed.spec"
 
@@ -100,18 +107,19 @@ def parse_campaign(data: Mapping[str, Any], *, source: str = "<campaign>") -> Ca
     if not isinstance(description, str):
         raise CampaignError(f"description: {description!r} is not allowed; allowed: a string")
     templates = _templates(data["templates"], "templates")
+    kind = _choice(data.get("kind", KINDS[0]), "kind", KINDS)
     options = _options(data.get("options", {}))
     raw_grid = data["grid"]
     grids: tuple[dict[str, tuple[Any, ...]], ...]
     if isinstance(raw_grid, Mapping):
-        grids = (_grid(raw_grid, "grid"),)
+        grids = (_grid(raw_grid, "grid", kind),)
     elif isinstance(raw_grid, list) and raw_grid and all(isinstance(g, Mapping)
                                                          for g in raw_grid):
-        grids = tuple(_grid(g, f"grid[{i}]") for i, g in enumerate(raw_grid))
+        grids = tuple(_grid(g, f"grid[{i}]", kind) for i, g in enumerate(raw_grid))
     else:
         raise CampaignError("grid: expected a [grid] table or [[grid]] tables")
     return Campaign(name=name, seed=int(seed), templates=tuple(templates), grids=grids,
-                    options=options, description=description, source=source)
+                    options=options, description=description, source=source, kind=kind)
 
 
 def _templates(value: Any, where: str) -> list[str]:
@@ -142,29 +150,43 @@ def _options(value: Any) -> Options:
     allowed = tuple(Options.__dataclass_fields__)
     _no_unknown(value, allowed, "options")
     out: dict[str, Any] = {}
-    for key in ("rpc_timeout_s", "episode_timeout_s"):
+    for key in ("rpc_timeout_s", "episode_timeout_s", "action_deadline_s"):
         if key in value:
             out[key] = _number(value[key], f"options.{key}", "a number > 0", lo=0,
                                lo_open=True)
-    if "delay_ms" in value:
-        out["delay_ms"] = _number(value["delay_ms"], "options.delay_ms", "a number >= 0", lo=0)
-    for key, choices in (("durability", DURABILITY), ("backend", BACKENDS)):
+    for key in ("delay_ms", "effect_delay_s"):
+        if key in value:
+            out[key] = _number(value[key], f"options.{key}", "a number >= 0", lo=0)
+    for key, choices in (("durability", DURABILITY), ("backend", BACKENDS),
+                         ("derivation", DERIVATIONS)):
         if key in value:
             out[key] = _choice(value[key], f"options.{key}", choices)
     return Options(**out)
 
 
-def _grid(raw: Mapping[str, Any], where: str) -> dict[str, tuple[Any, ...]]:
-    _no_unknown(raw, GRID_FIELDS, where)
+def _grid(raw: Mapping[str, Any], where: str, kind: str = KINDS[0]
+          ) -> dict[str, tuple[Any, ...]]:
+    names = (*GRID_FIELDS, *EXTRA_FIELDS, *STUDY_FIELDS[kind])
+    for name in raw:
+        owner = next((k for k, fields in STUDY_FIELDS.items() if name in fields), None)
+        if owner is not None and owner != kind:
+            raise CampaignError(f"{where}.{name}: only for kind = {owner!r} campaigns; "
+                                f"this campaign's kind is {kind!r}")
+    _no_unknown(raw, names, where)
     for required in ("policy", "network"):
         if required not in raw:
             raise CampaignError(f"{where}.{required}: missing; list at least one value")
     grid: dict[str, tuple[Any, ...]] = {}
-    for name in GRID_FIELDS:
-        values = _as_list(raw[name], f"{where}.{name}") if name in raw else \
-            list(GRID_DEFAULTS[name])
+    for name in names:
+        defaults = GRID_DEFAULTS.get(name, STUDY_DEFAULTS.get(name, ()))
+        values = _as_list(raw[name], f"{where}.{name}") if name in raw else list(defaults)
         grid[name] = tuple(_grid_value(name, v, f"{where}.{name}") for v in values)
         _no_duplicates(list(grid[name]), f"{where}.{name}")
+    if kind in TRIAL_KINDS:
+        for name in TRIAL_FIXED:
+            if grid[name] != GRID_DEFAULTS[name]:
+                raise CampaignError(f"{where}.{name}: a {kind} trial is one action; leave "
+                                    f"{name} out (it is not used)")
     too_many = [d for d in grid["deps"] if d > min(grid["keys"])]
     if too_many:
         raise CampaignError(f"{where}.deps: {too_many[0]} exceeds {where}.keys "
@@ -188,6 +210,19 @@ def _grid_value(name: str, value: Any, where: str) -> Any:
                             f"{', '.join(fmt_number(r) for r in RHOS)}")
     if name == "trace_offset_s":
         return _number(value, where, "numbers >= 0 (seconds into the trace)", lo=0)
+    if name == "replan_delay_s":
+        return _number(value, where, "numbers >= 0 (seconds of synthetic replanning)", lo=0)
+    if name == "update_rate_per_s":
+        return _number(value, where, "numbers >= 0 (updates per second)", lo=0)
+    if name == "update_target":
+        return _choice(value, where, UPDATE_TARGETS)
+    if name == "scenario":
+        return _choice(value, where, SCENARIOS)
+    if name == "batch":
+        if _is_int(value) and 1 <= value <= MAX_BATCHES:
+            return int(value)
+        raise CampaignError(f"{where}: {_fmt_value(value)} is not allowed; allowed: "
+                            f"integers 1..{MAX_BATCHES}")
     lo, hi = INT_LIMITS[name]
     if _is_int(value) and lo <= value <= hi:
         return int(value)

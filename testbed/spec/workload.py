@@ -7,10 +7,15 @@ Rules this module obeys (pure: no I/O, no clock, every choice from a seeded gene
    policy of a cell replays exactly the same schedule; ``Schedule.digest`` proves it.
 2. Keys are ``k000``..``k127``; key ``k<i>`` is owned by agent ``a<i mod N>`` (round
    robin), so every agent owns at least one key when ``keys >= agents``.
-3. A template (``reservation-03``) fixes structural choices from its id alone: the
+3. A template (``reservation-03``) fixes structural choices from its id alone: its
    derivation depth (0: the plan's parent is the requirement; 1: plan -> review ->
    requirement), which agents plan and which execute, the size range of compact
-   records (0.5-4 KiB) and the family's decision vocabulary.
+   records (0.5-4 KiB) and the family's decision vocabulary. The ``derivation``
+   setting decides whether the template's depth is used: ``direct`` (the default, the
+   paper's cost setting "a single declared key and a direct parent") plans every action
+   at depth 0; ``template`` uses each template's own depth (15 of the 30 templates
+   derive through a review). Only the plans' depth differs between the two: every
+   seeded draw is the same, so depth-0 templates give identical schedules.
 4. Scaling rule for the number of protected actions A and owner updates U at horizon
    T and nominal rate rho: ``A = max(1, round_half_up(T / (2 + rho)))`` and
    ``U = min(round_half_up(rho * A), T - 2A)``. At T = 64 this gives 28/21/11/4
@@ -45,6 +50,8 @@ from testbed.errors import UserError
 FAMILIES = ("reservation", "fulfillment", "deployment")
 TEMPLATES_PER_FAMILY = 10
 TIERS = ("compact", "artifact")
+#: How plans derive from their inputs (rule 3); the first is the default.
+DERIVATIONS = ("direct", "template")
 MAX_KEYS = 128
 MAX_AGENTS = 16
 MIN_UNITS = 4
@@ -192,7 +199,7 @@ def template_family(template: str) -> str:
 def describe_template(template: str) -> Template:
     """The structural choices of ``template``, seeded from its id only."""
     family = template_family(template)
-    rng = random.Random(_seed_int("template", template))
+    rng = random.Random(seed_int("template", template))
     # Deployments go through a review more often than reservations.
     p_review = {"reservation": 0.3, "fulfillment": 0.5, "deployment": 0.7}[family]
     depth = 1 if rng.random() < p_review else 0
@@ -225,15 +232,19 @@ def realised_counts(units: int, rho: float) -> Counts:
 
 def generate_schedule(*, seed: int, family: str, template: str, agents: int = 5,
                       keys: int = 8, units: int = 64, deps: int = 1, rho: float = 4,
-                      tier: str = "compact") -> Schedule:
+                      tier: str = "compact", derivation: str = DERIVATIONS[0]) -> Schedule:
     """Build the seeded schedule of one episode (see the module rules)."""
     _check_params(family, template, agents, keys, units, deps, rho, tier)
+    if derivation not in DERIVATIONS:
+        raise WorkloadError(f"derivation: {derivation!r} is not allowed; allowed: "
+                            f"{', '.join(DERIVATIONS)}")
     shape = describe_template(template)
+    depth = shape.depth if derivation == "template" else 0
     agent_ids = tuple(f"a{i}" for i in range(agents))
     key_ids = tuple(f"k{i:03d}" for i in range(keys))
     owners = {k: agent_ids[i % agents] for i, k in enumerate(key_ids)}
     params = (seed, family, template, agents, keys, units, deps, float(rho), tier)
-    rng = random.Random(_seed_int("schedule", *params))
+    rng = random.Random(seed_int("schedule", *params))
     rtype = "requirement" if tier == "compact" else "artifact"
 
     def content(label: str) -> bytes:
@@ -255,12 +266,12 @@ def generate_schedule(*, seed: int, family: str, template: str, agents: int = 5,
     unit = 0
     for index in range(counts.actions):
         action = f"act{index:03d}"
-        planner, executor = _roles(rng, shape, agents)
+        planner, executor = template_roles(rng, shape, agents)
         declared = tuple(sorted(rng.sample(key_ids, deps)))
         verb = rng.choice(_VERBS[family])
         decision = f"{verb}:option-{rng.randrange(1, 100):02d}"
         events.append(Plan(unit, action, agent_ids[planner], agent_ids[executor], declared,
-                           shape.depth, decision))
+                           depth, decision))
         unit += 1
         relevant_at = rng.randrange(per_block[index]) if per_block[index] else -1
         for n in range(per_block[index]):
@@ -273,14 +284,14 @@ def generate_schedule(*, seed: int, family: str, template: str, agents: int = 5,
         unit += 1
     assert unit <= units, "realised_counts keeps every event inside the horizon"
 
-    digest = _digest(params, owners, shape.depth, seeds, events)
+    digest = schedule_digest(params, owners, depth, seeds, events)
     return Schedule(seed=seed, family=family, template=template, agents=agent_ids,
                     keys=key_ids, owners=owners, units=units, deps=deps, rho=float(rho),
-                    tier=tier, depth=shape.depth, seeds=seeds, events=tuple(events),
+                    tier=tier, depth=depth, seeds=seeds, events=tuple(events),
                     counts=counts, digest=digest)
 
 
-def _roles(rng: random.Random, shape: Template, agents: int) -> tuple[int, int]:
+def template_roles(rng: random.Random, shape: Template, agents: int) -> tuple[int, int]:
     """A planner and a different executor, from the template's role pools."""
     planner = rng.choice(shape.planners) % agents
     executors = [e % agents for e in shape.executors if e % agents != planner]
@@ -315,13 +326,15 @@ def _check_params(family: str, template: str, agents: int, keys: int, units: int
         raise WorkloadError(f"tier: {tier!r} is not allowed; allowed: {', '.join(TIERS)}")
 
 
-def _seed_int(*parts: object) -> int:
+def seed_int(*parts: object) -> int:
+    """A 64-bit seed from any parts (stable across runs and machines)."""
     text = "\x1f".join(repr(p) for p in parts).encode()
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "big")
 
 
-def _digest(params: tuple[object, ...], owners: dict[str, str], depth: int,
-            seeds: tuple[Seed, ...], events: list[Event]) -> str:
+def schedule_digest(params: tuple[object, ...], owners: dict[str, str], depth: int,
+                    seeds: tuple[Seed, ...], events: list[Event]) -> str:
+    """What identifies a schedule: its parameters, owners, depth, seeds and events."""
     def h(data: bytes) -> bytes:
         return hashlib.blake2b(data, digest_size=16).digest()
 

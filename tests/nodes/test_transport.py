@@ -139,10 +139,12 @@ async def test_counters_equal_the_frames_on_the_wire(net: Net, connection: Any) 
     assert counters.bytes_sent == sent
     assert counters.bytes_received == received
     assert counters.frames_sent == counters.frames_received == handshakes + calls
+    assert counters.handshake_bytes_sent == handshakes * hello_frame_bytes("agent-0")
     await wait_for(lambda: net.server_counters.bytes_received == sent)
     assert net.server_counters.snapshot() == {
         "bytes_sent": received, "bytes_received": sent,
         "frames_sent": handshakes + calls, "frames_received": handshakes + calls,
+        "handshake_bytes_sent": handshakes * (wire.PREFIX_BYTES + auth.DH_BYTES + TAG),
         "connections_opened": 0, "connections_accepted": handshakes, "rejected": 0}
     counters.reset()
     assert set(counters.snapshot().values()) == {0}

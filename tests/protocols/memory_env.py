@@ -35,7 +35,7 @@ from protocols.errors import (
     RpcTimeout,
 )
 from protocols.identity import CENTRAL_ID, Identity, Member, Roster
-from protocols.planning import derive_plan, replacement_plan
+from protocols.planning import current_inputs, derive_plan, replacement_plan
 from protocols.policies import make_policy
 from protocols.policies.base import Policy
 from protocols.records import HeadInfo, Record, make_record, verify_record
@@ -136,6 +136,7 @@ class MemoryTeam:
         self.directory: dict[str, HeadInfo] = {}
         self.replans_made: dict[str, int] = {}
         self.hook_calls: list[Call] = []
+        self.reads: dict[str, dict[str, bytes]] = {a: {} for a in self.agents}
 
     def env(self, agent: str) -> MemoryEnv:
         return MemoryEnv(self, agent)
@@ -190,7 +191,16 @@ class MemoryTeam:
         ancestry to the executor (the protocol's own code: ``protocols.planning``)."""
         plan = await derive_plan(self.env(planner), action=action, executor=executor,
                                  keys=keys, depth=depth, decision=decision)
-        return ActionRequest(action, (plan.root,), tuple(keys))
+        self.reads[planner].update(plan.inputs)  # the planner's session read its inputs
+        return ActionRequest(action, (plan.root,), tuple(keys),
+                             tuple(sorted(plan.inputs.items())))
+
+    async def read(self, agent: str, keys: Sequence[str]) -> dict[str, bytes]:
+        """``agent`` retrieves the owners' current versions of ``keys`` (its session reads
+        them), as the node's ``read`` op does."""
+        records = await current_inputs(self.env(agent), keys)
+        self.reads[agent].update({r.key: r.id for r in records})
+        return {r.key: r.id for r in records}
 
     async def act(self, executor: str, request: ActionRequest) -> ActionOutcome:
         return await self.policies[executor].validate(self.env(executor), request)
@@ -228,6 +238,12 @@ class MemoryEnv:
     async def concurrently(self, calls: Sequence[Callable[[], Awaitable[T]]]
                            ) -> list[T | BaseException]:
         return await run_concurrently(calls)
+
+    def session_reads(self) -> dict[str, bytes]:
+        return dict(self.team.reads[self.agent_id])
+
+    def record_read(self, key: str, record_id: bytes) -> None:
+        self.team.reads[self.agent_id][key] = record_id
 
     def _peer(self, peer: str) -> MemoryStore:
         store = self.team.stores.get(peer)

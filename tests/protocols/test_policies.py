@@ -23,13 +23,15 @@ from protocols.records import HeadInfo
 from tests.protocols.memory_env import MemoryTeam
 
 FRESHNESS = ["local_replica", "owner_head_freshness"]
-DERIVATION = ["centralized_lineage", "metadata_sync", "per_key_all_key", "batched_all_key",
-              "all_replica", "majority_replica", "planfence", "planfence_grouped", "adaptive"]
+DERIVATION = ["centralized_lineage", "centralized_lineage_own_local", "metadata_sync",
+              "per_key_all_key", "batched_all_key", "all_replica", "majority_replica",
+              "planfence", "planfence_grouped", "adaptive"]
+STANDINS = ["session_read_set", "inherited_version_set"]  # tests/protocols/test_standins.py
 
 
 def test_registry_names_match_the_campaign_names() -> None:
     names = [n for n in policy_names() if not n.startswith("test_")]  # test plugins
-    assert sorted(FRESHNESS + DERIVATION) == names
+    assert sorted(FRESHNESS + DERIVATION + STANDINS) == names
     for name in names:
         policy = make_policy(name)
         assert policy.label == name
@@ -129,6 +131,7 @@ async def test_metadata_sync_barrier_announces_once_per_peer_and_coalesces() -> 
 # What each derivation-current policy cannot do without (after a relevant update).
 EVIDENCE_SOURCE = {
     "centralized_lineage": CENTRAL_ID,  # the directory
+    "centralized_lineage_own_local": CENTRAL_ID,
     "metadata_sync": "a0",  # the owner, for the changed content
     "per_key_all_key": "a0",
     "batched_all_key": "a0",
@@ -283,7 +286,8 @@ def per_pass_requests(policy: str, team: MemoryTeam, executor: str,
         "batched_all_key": len(owners_all),
         "all_replica": len(team.agents) - 1,
         "majority_replica": len(team.agents) // 2 if remote else 0,
-        "centralized_lineage": 1 if remote else 0,
+        "centralized_lineage": 1,  # every declared key through the directory
+        "centralized_lineage_own_local": 1 if remote else 0,
         "metadata_sync": 0,
         "adaptive": 0,
     }[policy]
@@ -376,6 +380,24 @@ async def test_executor_owning_the_key_uses_its_own_head(policy: str) -> None:
     assert not team.invalid(outcome)
 
 
+@pytest.mark.parametrize(("policy", "directory_reads"), [
+    ("centralized_lineage", 2), ("centralized_lineage_own_local", 0)])
+async def test_centralized_lineage_asks_the_directory_for_the_executors_own_keys(
+        policy: str, directory_reads: int) -> None:
+    """The paper's reading: validation goes through the shared service for every key,
+    the executor's own ones included; the earlier reading skipped it for those."""
+    team = MemoryTeam(policy=policy)
+    await team.seed_all()
+    request = await team.plan("a1", "a0", "act", ["k000"])  # a0 owns k000 and executes
+    await relevant_update(team)
+    mark = len(team.calls)
+    outcome = await team.act("a0", request)
+    assert outcome.released
+    assert outcome.replans == 1
+    assert team.count(mark, "dir_heads") == directory_reads  # one per pass, or none
+    assert not team.invalid(outcome)
+
+
 # --- metadata sync without on_seed, centralized lineage without on_seed ---------------------------
 
 async def test_adaptive_without_seed_announcements_needs_no_owner_query() -> None:
@@ -392,7 +414,7 @@ async def test_adaptive_without_seed_announcements_needs_no_owner_query() -> Non
     assert team.count(mark, "heads") == 0
 
 
-@pytest.mark.parametrize("policy", ["centralized_lineage"])
+@pytest.mark.parametrize("policy", ["centralized_lineage", "centralized_lineage_own_local"])
 async def test_keys_never_announced_or_committed_fall_back_to_the_owner(policy: str) -> None:
     team = MemoryTeam(policy=policy)
     await team.seed_all(hooks=False)

@@ -35,7 +35,8 @@ network = ["loopback"]
 def test_presets_all_load_with_the_documented_sizes() -> None:
     sizes = {name: len(load_campaign(name).episodes()) for name in preset_names()}
     assert sizes == {"demo": 60, "primary": 390, "rates": 2880, "scope": 1200,
-                     "density": 270, "reuse": 900, "teams": 72, "horizon": 27}
+                     "density": 270, "reuse": 900, "teams": 72, "horizon": 27,
+                     "replanning": 780, "handoff": 270, "batches": 600, "artifact": 320}
 
 
 def test_demo_preset_matches_the_issue() -> None:
@@ -58,9 +59,10 @@ def test_load_by_path_equals_parse(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("arg", "message"), [
-    ("nosuch", "campaign: 'nosuch' is neither a file nor a preset; presets: demo, density, "
-               "horizon, primary, rates, reuse, scope, teams"),
-    ("missing/x.toml", "campaign: 'missing/x.toml' is file not found; presets: demo,"),
+    ("nosuch", "campaign: 'nosuch' is neither a file nor a preset; presets: artifact, "
+               "batches, demo, density, handoff, horizon, primary, rates, replanning, reuse, "
+               "scope, teams"),
+    ("missing/x.toml", "campaign: 'missing/x.toml' is file not found; presets: artifact,"),
 ])
 def test_unknown_campaign_lists_presets(arg: str, message: str) -> None:
     with pytest.raises(CampaignError) as info:
@@ -77,9 +79,11 @@ _BAD = [
     ('network = ["mars"]', "grid.network: 'mars' is not allowed; allowed: loopback, fixed, "
                            "att, att2016, tmobile, verizon"),
     ('policy = ["fastest"]', "grid.policy: 'fastest' is not allowed; allowed: adaptive, "
-                             "all_replica, batched_all_key, centralized_lineage, local_replica, "
-                             "majority_replica, metadata_sync, owner_head_freshness, "
-                             "per_key_all_key, planfence, planfence_grouped, metadata_sync/K "
+                             "all_replica, batched_all_key, centralized_lineage, "
+                             "centralized_lineage_own_local, inherited_version_set, "
+                             "local_replica, majority_replica, metadata_sync, "
+                             "owner_head_freshness, per_key_all_key, planfence, "
+                             "planfence_grouped, session_read_set, metadata_sync/K "
                              "with K in 1, 2, 4, 8, 16"),
     ('policy = ["metadata_sync/3"]', "grid.policy: 'metadata_sync/3' is not allowed;"),
     ('policy = ["planfence/2"]', "grid.policy: 'planfence/2' is not allowed;"),
