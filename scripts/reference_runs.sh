@@ -4,11 +4,12 @@
 # that already holds a run of that campaign is finished or grown (--extend), never
 # repeated. JOBS=N runs N topologies at once (default 1; the committed runs used 4 for
 # emulated-link cells and 1 for loopback cells, see results/README.md).
-# Usage: [JOBS=N] bash scripts/reference_runs.sh [primary rates scope reuse density teams horizon]
+# Usage: [JOBS=N] bash scripts/reference_runs.sh [primary rates scope reuse density teams horizon
+#         replanning handoff batches artifact]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 names=("$@")
-[ ${#names[@]} -gt 0 ] || names=(primary rates scope reuse density teams horizon)
+[ ${#names[@]} -gt 0 ] || names=(primary rates scope reuse density teams horizon replanning handoff batches artifact)
 for name in "${names[@]}"; do
   grow=()
   [ -e "results/$name/manifest.json" ] && grow=(--extend)
