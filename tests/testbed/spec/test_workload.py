@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from testbed.spec.workload import (
     ARTIFACT_BYTES,
     COMPACT_BYTES,
+    DERIVATIONS,
     FAMILIES,
     Act,
     Plan,
@@ -22,6 +23,7 @@ from testbed.spec.workload import (
     template_family,
     template_ids,
 )
+from tests.protocols.memory_env import MemoryTeam
 
 
 def _schedule(**overrides: object) -> Schedule:
@@ -181,3 +183,40 @@ def test_invariants_hold_for_any_parameters(seed: int, family: str, number: int,
     if s.counts.updates >= s.counts.actions:
         for plan, _, between in _windows(s).values():
             assert any(u.key in plan.keys for u in between)
+
+
+async def test_direct_derivation_records_the_requirement_as_the_plans_parent() -> None:
+    """The cost campaigns' default (paper section 4: "a single declared key and a direct
+    parent"): every plan's recorded parent is the requirement it read; ``template``
+    keeps the templates' own depths (half of them derive through a review)."""
+    depths = {d: {p.depth for t in template_ids() for p in generate_schedule(
+        seed=3, family=template_family(t), template=t, derivation=d).plans()}
+        for d in DERIVATIONS}
+    assert depths == {"direct": {0}, "template": {0, 1}}
+    reviewed = sum(describe_template(t).depth for t in template_ids())
+    assert reviewed == 15
+    schedule = generate_schedule(seed=3, family="deployment", template="deployment-01",
+                                 agents=3, keys=4)
+    team = MemoryTeam()
+    await team.seed_all()
+    for plan in schedule.plans()[:3]:
+        request = await team.plan(plan.planner, plan.executor, plan.action, plan.keys,
+                                  depth=plan.depth)
+        (root,) = request.roots
+        record = team.stores[plan.executor].get(root)
+        assert record is not None
+        owner = team.roster.owner_of(plan.keys[0])
+        head = team.stores[owner].head(plan.keys[0])
+        assert head is not None
+        assert record.parents == (head.record_id,)
+        assert record.rtype == "plan"
+
+
+def test_direct_and_template_schedules_differ_only_in_the_plans_depth() -> None:
+    for t in template_ids():
+        direct = generate_schedule(seed=3, family=template_family(t), template=t)
+        old = generate_schedule(seed=3, family=template_family(t), template=t,
+                                derivation="template")
+        assert [e for e in direct.events if not hasattr(e, "depth")] == \
+            [e for e in old.events if not hasattr(e, "depth")]
+        assert (direct.digest == old.digest) == (describe_template(t).depth == 0)
