@@ -14,6 +14,7 @@ from testbed.report.load import load_run
 from testbed.report.render import ReportInputs, render_html, render_markdown
 from testbed.report.stats import DEFAULT_DRAWS
 from testbed.report.tables import build_tables
+from testbed.report.tables_trials import trial_kind
 from testbed.report.tabular import write_table
 
 
@@ -51,7 +52,10 @@ def build_report(
     for table in tables:
         table_files += write_table(table, run_dir / "tables")
     say(f"report: {len(tables)} tables -> {run_dir / 'tables'}")
-    written, notes = build_figures(run, run_dir / "figures")
+    if trial_kind(run) == "episodes":
+        written, notes = build_figures(run, run_dir / "figures")
+    else:  # single-action trials: their table is the result
+        written, notes = [], [f"{trial_kind(run)} trials: no figures (the table is the result)"]
     figure_paths = [p for p in written if p.suffix in (".png", ".svg")]
     figure_data = [p for p in written if p not in figure_paths]
     say(f"report: {len(figure_paths)} figure files -> {run_dir / 'figures'}")

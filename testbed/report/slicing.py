@@ -26,6 +26,7 @@ PREFERRED: dict[str, object] = {
     "rho": 4.0,
     "trace_offset_s": 0.0,
     "network": "att",
+    "batch": 1,
 }
 
 
@@ -106,6 +107,7 @@ _LABELS = {
     "rho": "rho",
     "tier": "tier",
     "units": "T",
+    "batch": "batch",
 }
 
 

@@ -235,3 +235,36 @@ def compare(
         change_high=float(ch_hi),
         tie=practical_tie(med_a, med_b),
     )
+
+
+# --- the paper's per-template ratios (appendix H) -------------------------------------------
+
+PAPER_RATIO_DRAWS = 2_000
+
+
+@dataclass(frozen=True)
+class RatioSummary:
+    """Median of paired per-template ratios a/b, with a one-stage paired bootstrap
+    interval (the paper's statistic for Table H.1: 2,000 draws resampling templates)."""
+
+    pairs: int
+    median: float
+    low: float
+    high: float
+
+
+def ratio_median(pairs: pd.DataFrame, *, draws: int = PAPER_RATIO_DRAWS,
+                 seed: int = 0) -> RatioSummary | None:
+    """Median over paired templates of ``a / b`` (pairs with b = 0 are dropped)."""
+    if pairs.empty:
+        return None
+    a = pairs["a"].to_numpy(dtype=float)
+    b = pairs["b"].to_numpy(dtype=float)
+    keep = np.isfinite(a) & np.isfinite(b) & (b != 0)
+    ratios = a[keep] / b[keep]
+    if ratios.size == 0:
+        return None
+    rng = np.random.default_rng(seed)
+    index = rng.integers(0, ratios.size, size=(draws, ratios.size))
+    low, high = np.percentile(np.median(ratios[index], axis=1), INTERVAL)
+    return RatioSummary(int(ratios.size), float(np.median(ratios)), float(low), float(high))

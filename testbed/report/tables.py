@@ -1,8 +1,9 @@
-"""The paper's table layouts (Table 2, D.1-D.7, D.9, H.1) built from a campaign's results.
+"""The paper's table layouts (Table 2, D.1-D.9, H.1, F.1, G.1, the artifact tier) and
+the explainable-cost table built from a campaign's results.
 
 Every builder returns the tables the campaign can fill (possibly none): a layout is
-written only when the campaign holds the cells it compares. See docs/reports.md for how
-to read each one.
+written only when the campaign holds the cells it compares. A campaign of single-action
+trials gets its study's table only. See docs/reports.md for how to read each one.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections.abc import Callable, Sequence
 
 from testbed.report.load import Run
 from testbed.report.table_common import Options
+from testbed.report.tables_costs import artifact_tables, batch_tables, cost_tables
 from testbed.report.tables_policy import policy_tables, sync_tables
 from testbed.report.tables_study import (
     density_tables,
@@ -20,9 +22,10 @@ from testbed.report.tables_study import (
     reuse_tables,
     sensitivity_tables,
 )
+from testbed.report.tables_trials import handoff_tables, replanning_tables, trial_kind
 from testbed.report.tabular import Table
 
-__all__ = ["BUILDERS", "build_tables"]
+__all__ = ["BUILDERS", "TRIAL_BUILDERS", "build_tables"]
 
 
 BUILDERS: Sequence[Callable[[Run, Options], list[Table]]] = (
@@ -34,9 +37,17 @@ BUILDERS: Sequence[Callable[[Run, Options], list[Table]]] = (
     rate_tables,
     offset_tables,
     reuse_tables,
+    batch_tables,
+    artifact_tables,
+    cost_tables,
+)
+TRIAL_BUILDERS: Sequence[Callable[[Run, Options], list[Table]]] = (
+    replanning_tables,
+    handoff_tables,
 )
 
 
 def build_tables(run: Run, *, draws: int, seed: int) -> list[Table]:
     options = Options(draws=draws, seed=seed)
-    return [table for builder in BUILDERS for table in builder(run, options)]
+    builders = TRIAL_BUILDERS if trial_kind(run) != "episodes" else BUILDERS
+    return [table for builder in builders for table in builder(run, options)]

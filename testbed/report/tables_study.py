@@ -10,7 +10,14 @@ import pandas as pd
 
 from testbed.report import naming, slicing
 from testbed.report.load import Run
-from testbed.report.stats import RowSummary, practical_tie, summarise
+from testbed.report.stats import (
+    RatioSummary,
+    RowSummary,
+    paired,
+    practical_tie,
+    ratio_median,
+    summarise,
+)
 from testbed.report.table_common import (
     STALL,
     Options,
@@ -319,6 +326,39 @@ def rate_tables(run: Run, options: Options) -> list[Table]:
 # --- H.1: fresh against reused connections ----------------------------------------------------
 
 
+def _ratio(frame: pd.DataFrame, vary: str, a: object, b: object,
+           options: Options) -> RatioSummary | None:
+    """The paper's H.1 statistic: median of paired per-template ratios a / b."""
+    pairs = paired(frame, vary=vary, a=a, b=b, metric=STALL, strata=strata())
+    return ratio_median(pairs, seed=options.seed)
+
+
+def _ratio_text(result: RatioSummary | None) -> str:
+    if result is None:
+        return "–"
+    return f"{fmt(result.median, 2)} [{fmt(result.low, 2)}, {fmt(result.high, 2)}]"
+
+
+def _reuse_ratio_findings(frame: pd.DataFrame, options: Options) -> list[str]:
+    """Per-template ratios with reused connections, as the paper's appendix H gives them."""
+    reused = frame[frame["connection"].astype(str) == "reuse"]
+    findings = []
+    for other in ("metadata_sync", "batched_all_key"):
+        texts = []
+        for keys in slicing.sorted_values(reused, "keys"):
+            for rho in slicing.sorted_values(reused, "rho"):
+                part = reused[(reused["keys"] == keys) & (reused["rho"] == rho)]
+                result = _ratio(part, "policy", "planfence", other, options)
+                if result is not None:
+                    texts.append(f"{_ratio_text(result)} at rho={slicing.number(rho)}, "
+                                 f"{slicing.number(keys)} keys")
+        if texts:
+            findings.append(f"Reused connections, median per-template PlanFence / "
+                            f"{naming.display_name(other)} stall ratio: " + "; ".join(texts)
+                            + ".")
+    return findings
+
+
 def reuse_tables(run: Run, options: Options) -> list[Table]:
     tables = []
     for network in slicing.networks(run.episodes):
@@ -344,6 +384,7 @@ def reuse_tables(run: Run, options: Options) -> list[Table]:
             if arms["fresh"].episodes == 0 or arms["reuse"].episodes == 0:
                 continue
             result = compare_pair(part, "connection", "reuse", "fresh", STALL, options)
+            ratio = _ratio(part, "connection", "reuse", "fresh", options)
 
             def stall(s: RowSummary) -> str:
                 text = f"{fmt(s.stall_ms, 0)} [{fmt(s.stall_q1_ms, 0)}, {fmt(s.stall_q3_ms, 0)}]"
@@ -359,8 +400,17 @@ def reuse_tables(run: Run, options: Options) -> list[Table]:
                          Cell(fmt(arms["reuse"].kib)),
                          Cell(f"{fmt(arms['fresh'].connections, 0)} / "
                               f"{fmt(arms['reuse'].connections, 0)}"),
-                         Cell(comparison_text(result))])
-            record: dict[str, object] = {"policy": policy, "keys": keys, "rho": rho}
+                         Cell(comparison_text(result)), Cell(_ratio_text(ratio)),
+                         Cell(f"{fmt(_payload(part, 'fresh'))} / "
+                              f"{fmt(_payload(part, 'reuse'))}")])
+            record: dict[str, object] = {
+                "policy": policy, "keys": keys, "rho": rho,
+                "ratio_pairs": ratio.pairs if ratio else 0,
+                "ratio_median": ratio.median if ratio else float("nan"),
+                "ratio_low": ratio.low if ratio else float("nan"),
+                "ratio_high": ratio.high if ratio else float("nan"),
+                "fresh_kib_payload_median": _payload(part, "fresh"),
+                "reuse_kib_payload_median": _payload(part, "reuse")}
             for c, s in arms.items():
                 record.update({f"{c}_{k}": v for k, v in summary_row(s).items()})
             records.append({**record, **comparison_columns("reuse_vs_fresh", result)})
@@ -369,16 +419,43 @@ def reuse_tables(run: Run, options: Options) -> list[Table]:
         findings = [f"Reuse lowers median stall in {lower} of {total} configurations."]
         if byte_changes:
             findings.append("Traffic changes with reuse by "
-                            f"{pct(min(byte_changes))} to {pct(max(byte_changes))}.")
+                            f"{pct(min(byte_changes))} to {pct(max(byte_changes))}; without "
+                            "channel handshakes it " + _payload_change(frame) + ".")
+        findings += _reuse_ratio_findings(frame, options)
         tables.append(layout(run, frame, records,
             name=f"table_h1_{network}",
             title=f"Table H.1 layout: new connection per RPC against reused connections "
                   f"on {network}",
             header=["Method", "Keys", "rho", "Stall fresh", "Stall reused", "KiB fresh",
-                    "KiB reused", "Connections fresh / reused", "Reuse stall change [95% CI]"],
+                    "KiB reused", "Connections fresh / reused", "Reuse stall change [95% CI]",
+                    "Per-template ratio reused / fresh [95%]",
+                    "KiB w/o handshakes fresh / reused"],
             rows=rows,
             legend="Stall: episode median [interquartile range] in ms/action; traffic and "
-            "connections are episode medians. ‡: an aborted episode, whose costs are left out.",
+            "connections are episode medians. ‡: an aborted episode, whose costs are left out. "
+            "The change column is the ratio of medians with the two-stage bootstrap; the "
+            "ratio column is the paper's H.1 statistic, the median of paired per-template "
+            "ratios with a 2,000-draw bootstrap over templates.",
             findings=findings,
         ))
     return tables
+
+
+def _payload(frame: pd.DataFrame, connection: str) -> float:
+    part = frame[frame["connection"].astype(str) == connection]
+    if "kib_per_action_payload" not in part or part["kib_per_action_payload"].isna().all():
+        return float("nan")
+    return float(part["kib_per_action_payload"].median())
+
+
+def _payload_change(frame: pd.DataFrame) -> str:
+    """How traffic without channel handshakes changes with reuse, on paired schedules."""
+    if "kib_per_action_payload" not in frame or frame["kib_per_action_payload"].isna().all():
+        return "is not recorded in this run"
+    pairs = paired(frame, vary="connection", a="reuse", b="fresh",
+                   metric="kib_per_action_payload", strata=strata())
+    if pairs.empty:
+        return "has no paired episodes"
+    same = int((pairs["a"] == pairs["b"]).sum())
+    worst = float(((pairs["a"] - pairs["b"]) / pairs["b"]).abs().max())
+    return f"is identical in {same} of {len(pairs)} paired episodes (largest difference {pct(worst)})"
