@@ -97,14 +97,38 @@ def cmd_run(args: argparse.Namespace) -> int:
         campaign = campaign.with_templates(args.templates)
     out = _directory("--out", args.out) or DEFAULT_RESULTS / campaign.name
     workdir = _directory("--workdir", args.workdir)
-    if any(cell.network != "loopback" for cell in campaign.cells()):
+    cluster = args.cluster or campaign.execution.cluster
+    jobs = args.jobs if args.jobs is not None else campaign.execution.jobs
+    mixed = args.allow_mixed_backends or campaign.execution.allow_mixed_backends
+    shaped = any(cell.network != "loopback" for cell in campaign.cells())
+    if shaped and (cluster is None or cluster.startswith("local:")):
         _require_root(f"campaign {campaign.name!r} (non-loopback networks)")
     console = _console()
-    runner = EpisodeRunner(campaign, workdir_root=workdir, backend=args.backend)
-    trio.run(lambda: run_campaign(campaign, out, resume=args.resume, extend=args.extend,
-                                  jobs=args.jobs, runner=runner, console=console))
+
+    async def main() -> None:
+        if cluster is None:
+            runner = EpisodeRunner(campaign, workdir_root=workdir, backend=args.backend)
+            await run_campaign(campaign, out, resume=args.resume, extend=args.extend,
+                               jobs=jobs, runner=runner, console=console)
+            return
+        from testbed.run.dask_engine import open_dask_engine
+
+        async with open_dask_engine(cluster, backend=args.backend, workdir=workdir,
+                                    allow_mixed_backends=mixed) as engine:
+            await engine.survey(campaign)
+            await run_campaign(campaign, out, resume=args.resume, extend=args.extend,
+                               engine=engine, console=console)
+
+    trio.run(main)
     console.print(f"results: {out}")
     return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from testbed.tools.worker import run_worker
+
+    return run_worker(args.scheduler, lanes=args.lanes, name=args.name,
+                      loopback_only=args.loopback_only, console=_console())
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -192,9 +216,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--extend", action="store_true",
                    help="like --resume, for a campaign whose grid or templates have grown "
                         "(same name, seed and options; every old cell and template kept)")
-    p.add_argument("--jobs", type=_positive_int, default=1, metavar="N",
-                   help="run N topologies at once (default 1; for emulated LTE links, where "
-                        "episodes wait on the link; keep 1 for loopback timing)")
+    p.add_argument("--jobs", type=_positive_int, default=None, metavar="N",
+                   help="run N topologies at once in this process (default: the "
+                        "campaign's [execution] jobs, else 1; for emulated links, where "
+                        "episodes wait on the link; loopback units always run alone)")
+    p.add_argument("--cluster", metavar="SPEC",
+                   help="run the work units on a dask cluster: local:N (N worker "
+                        "processes here) or tcp://HOST:PORT of a scheduler with `testbed "
+                        "worker`s (default: the campaign's [execution] cluster, else here)")
+    p.add_argument("--allow-mixed-backends", action="store_true",
+                   help="let cluster workers run shaped networks on different link backends")
     p.add_argument("--templates", type=int, metavar="N",
                    help="override the campaign's template count (quick looks)")
     p.add_argument("--backend", choices=list(BACKENDS),
@@ -203,6 +234,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workdir", metavar="DIR", help="where node stores and sockets live "
                                                     "(default: a fresh directory under /tmp)")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("worker", help="serve this host as a dask worker for campaigns")
+    p.add_argument("scheduler", help="scheduler address, e.g. tcp://10.0.0.1:8786")
+    p.add_argument("--lanes", type=_positive_int, default=1, metavar="N",
+                   help="work units this host runs at once (default 1)")
+    p.add_argument("--name", help="worker name (default: dask's)")
+    p.add_argument("--loopback-only", action="store_true",
+                   help="serve even if no link backend works (loopback campaigns only)")
+    p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("report", help="tables, figures and report.md for a results directory")
     p.add_argument("dir", help="results directory written by `testbed run`")
