@@ -38,6 +38,40 @@ def _require_root(what: str) -> None:
                         "run it as root or with sudo")
 
 
+USERNS_ENV = "TESTBED_IN_NEW_USERNS"
+"""Set when ``testbed`` re-executes itself to start inside a user namespace of its own."""
+_argv: list[str] = []
+
+
+def _require_namespaces(what: str) -> None:
+    """Root, or else a user namespace of our own (a rootless run, testbed.host.userns).
+
+    The kernel gives a user namespace only to a single-threaded process, and by now
+    numpy's libraries have started threads: so the command re-executes itself, and the
+    fresh process enters the namespace first thing (``main``).
+    """
+    if os.geteuid() == 0:
+        return
+    from testbed.host.userns import probe
+
+    works, detail = probe()
+    if not works:
+        raise HostError(f"{what} needs root or unprivileged user namespaces ({detail}); "
+                        "run it as root")
+    os.environ[USERNS_ENV] = "1"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "testbed", *_argv])
+
+
+def _enter_requested_namespace() -> None:
+    if os.environ.pop(USERNS_ENV, None) != "1":
+        return
+    from testbed.host.userns import enter_user_namespace
+
+    enter_user_namespace()
+
+
 def _positive_int(text: str) -> int:
     """argparse type for counts: a one-line error naming what is allowed."""
     try:
@@ -102,7 +136,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     mixed = args.allow_mixed_backends or campaign.execution.allow_mixed_backends
     shaped = any(cell.network != "loopback" for cell in campaign.cells())
     if shaped and (cluster is None or cluster.startswith("local:")):
-        _require_root(f"campaign {campaign.name!r} (non-loopback networks)")
+        _require_namespaces(f"campaign {campaign.name!r} (non-loopback networks)")
     console = _console()
 
     async def main() -> None:
@@ -170,7 +204,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if json_path is not None:
             json_path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     elif args.bench_cmd == "link":
-        _require_root("bench link")
+        _require_namespaces("bench link")
         from testbed.tools.bench_link import bench_link
 
         result = trio.run(bench_link, json_path, console)
@@ -265,6 +299,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    _argv[:] = list(sys.argv[1:] if argv is None else argv)
+    try:
+        _enter_requested_namespace()  # before anything (numpy) starts a thread
+    except HostError as exc:
+        print(f"testbed: {one_line(exc)}", file=sys.stderr)
+        return EXIT_HOST
     parser = build_parser()
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func

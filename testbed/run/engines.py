@@ -65,6 +65,8 @@ class LocalEngine:
                                on_outcome=on_outcome, schedules=schedules)
 
         await lane()  # one lane: everything in campaign order; else loopback first, alone
+        if self.jobs == 1:
+            return
         queue[:] = [u for u in units if not u.loopback]
         await run_lanes(lane, min(self.jobs, len(queue)))
 

@@ -45,6 +45,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from testbed.host.userns import privilege
 from testbed.results.provenance import (
     git_revision,
     host_description,
@@ -105,7 +106,8 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
             started_at=previous.get("started_at", session["started_at"]),
             campaign=campaign.name, source=campaign.source, config=campaign.config(),
             versions=package_versions(), lock=lock_file(), git=git_revision(),
-            system=host_description(), execution=engine.describe(),
+            system={**host_description(), "privilege": privilege()},
+            execution=engine.describe(),
             sessions=[*sessions, session], status="running")
         done = run_dir.completed()
         episodes = campaign.episodes()
