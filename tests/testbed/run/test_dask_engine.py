@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -25,6 +26,7 @@ from rich.console import Console
 
 from testbed.errors import UserError
 from testbed.host import kernel
+from testbed.host import ledger as ledger_mod
 from testbed.run.dask_engine import open_dask_engine, parse_cluster
 from testbed.run.episode import EpisodeRunner
 from testbed.run.loop import run_campaign
@@ -58,15 +60,34 @@ def _needs_root() -> None:
         pytest.skip("a fixed link needs root and /dev/net/tun")
 
 
-def _run_objects() -> set[str]:
-    names = {f"netns {n}" for n in kernel.list_netns() if n.startswith("tb")}
-    names |= {f"link {n}" for n in kernel.list_links() if n.startswith("tb")}
-    return names
+def _run_objects(owners: set[int] | None = None) -> set[str]:
+    """Leftovers: ledgers of dead runs (of ``owners`` only, if given) and run namespaces
+    that no ledger of a live or foreign run holds. Other runs on this host record their
+    namespaces in their ledgers before they create them, so a run beside this test (even
+    one that was killed on purpose) is never mistaken for a leak of ours."""
+    held: set[str] = set()
+    dead: set[str] = set()
+    for path in ledger_mod.STATE_DIR.glob("tb*.json"):
+        try:
+            ledger = ledger_mod.Ledger.load(path)
+        except (OSError, ValueError, KeyError, UserError):
+            continue
+        ours = owners is None or ledger.owner_pid in owners
+        if ledger.owner_alive() or not ours:
+            held |= {str(e.get("name")) for e in ledger.entries}
+        else:
+            dead.add(f"ledger {path.name}")
+    return {f"netns {n}" for n in kernel.list_netns()
+            if n.startswith("tb") and n not in held} | dead
+
+
+_OUR_TMP = re.compile(r"^(planfence|pft-ctl)-[a-z0-9_]{8}$")
 
 
 def _tmp_dirs() -> set[str]:
+    """The run's temporary directories (tempfile's names: prefix + 8 random characters)."""
     tmp = Path(tempfile.gettempdir())
-    return {p.name for p in tmp.iterdir() if p.name.startswith(("planfence-", "pft-ctl-"))}
+    return {p.name for p in tmp.iterdir() if _OUR_TMP.match(p.name)}
 
 
 def _traffic(out: Path) -> pd.DataFrame:
@@ -161,6 +182,7 @@ async def test_cancelling_leaves_nothing_on_the_workers(tmp_path: Path) -> None:
     async with open_dask_engine("local:2") as engine:
         client = engine.client
         worker_pids = list((await trio.to_thread.run_sync(client.run, os.getpid)).values())
+        owners = {int(pid) for pid in worker_pids}
         with trio.move_on_after(60) as scope:
             async with trio.open_nursery() as nursery:
                 async def cancel_soon() -> None:
@@ -175,7 +197,7 @@ async def test_cancelling_leaves_nothing_on_the_workers(tmp_path: Path) -> None:
         children = [c for pid in worker_pids
                     for c in psutil.Process(int(pid)).children(recursive=True)]
         assert children == [], [c.cmdline() for c in children]
-    assert _run_objects() - before == set()
+    assert _run_objects(owners) - before == set()
     assert _tmp_dirs() - tmp_before == set()
 
 
