@@ -7,12 +7,10 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import re
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,12 +24,12 @@ from rich.console import Console
 
 from testbed.errors import UserError
 from testbed.host import kernel
-from testbed.host import ledger as ledger_mod
 from testbed.run.dask_engine import open_dask_engine, parse_cluster
 from testbed.run.episode import EpisodeRunner
 from testbed.run.loop import run_campaign
 from testbed.spec.campaign import episode_key
 from testbed.spec.parse import parse_campaign
+from tests.leftovers import run_objects
 
 REPO = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
@@ -60,36 +58,6 @@ def _needs_root() -> None:
         pytest.skip("a fixed link needs root and /dev/net/tun")
 
 
-def _run_objects(owners: set[int] | None = None) -> set[str]:
-    """Leftovers: ledgers of dead runs (of ``owners`` only, if given) and run namespaces
-    that no ledger of a live or foreign run holds. Other runs on this host record their
-    namespaces in their ledgers before they create them, so a run beside this test (even
-    one that was killed on purpose) is never mistaken for a leak of ours."""
-    held: set[str] = set()
-    dead: set[str] = set()
-    for path in ledger_mod.STATE_DIR.glob("tb*.json"):
-        try:
-            ledger = ledger_mod.Ledger.load(path)
-        except (OSError, ValueError, KeyError, UserError):
-            continue
-        ours = owners is None or ledger.owner_pid in owners
-        if ledger.owner_alive() or not ours:
-            held |= {str(e.get("name")) for e in ledger.entries}
-        else:
-            dead.add(f"ledger {path.name}")
-    return {f"netns {n}" for n in kernel.list_netns()
-            if n.startswith("tb") and n not in held} | dead
-
-
-_OUR_TMP = re.compile(r"^(planfence|pft-ctl)-[a-z0-9_]{8}$")
-
-
-def _tmp_dirs() -> set[str]:
-    """The run's temporary directories (tempfile's names: prefix + 8 random characters)."""
-    tmp = Path(tempfile.gettempdir())
-    return {p.name for p in tmp.iterdir() if _OUR_TMP.match(p.name)}
-
-
 def _traffic(out: Path) -> pd.DataFrame:
     episodes = pd.read_parquet(out / "episodes.parquet").set_index("episode").sort_index()
     return episodes[["schedule_digest", "kib_per_action", "connections", "aborted"]]
@@ -108,7 +76,7 @@ def test_cluster_specs_are_checked() -> None:
 async def test_a_local_cluster_gives_the_results_of_a_local_run(tmp_path: Path) -> None:
     _needs_root()
     campaign = parse_campaign(SMALL)
-    before = _run_objects()
+    before = run_objects()
     await run_campaign(campaign, tmp_path / "local", resume=False, console=_quiet(),
                        runner=EpisodeRunner(campaign))
     async with open_dask_engine("local:2") as engine:
@@ -128,7 +96,7 @@ async def test_a_local_cluster_gives_the_results_of_a_local_run(tmp_path: Path) 
     manifest = (tmp_path / "dask" / "manifest.json").read_text()
     assert '"engine": "dask"' in manifest
     assert '"backend_auto"' in manifest
-    assert _run_objects() - before == set()
+    assert run_objects() - before == set()
 
 
 async def _wait_for_processing(client: Any) -> str:
@@ -147,7 +115,7 @@ async def test_a_killed_worker_loses_and_duplicates_nothing(tmp_path: Path) -> N
     _needs_root()
     campaign = parse_campaign(SLOW)
     out = tmp_path / "out"
-    before = _run_objects()
+    before = run_objects()
     async with open_dask_engine("local:2") as engine:
         await engine.survey(campaign)
         client = engine.client
@@ -168,17 +136,22 @@ async def test_a_killed_worker_loses_and_duplicates_nothing(tmp_path: Path) -> N
     actions = pd.read_parquet(out / "actions.parquet")
     assert not actions.duplicated(["episode", "action"]).any()
     deadline = time.monotonic() + 15  # the restarted worker cleans what the dead one left
-    while _run_objects() - before and time.monotonic() < deadline:
+    while run_objects() - before and time.monotonic() < deadline:
         await trio.sleep(0.5)
-    assert _run_objects() - before == set()
+    assert run_objects() - before == set()
 
 
 @pytest.mark.slow
 @pytest.mark.privileged
-async def test_cancelling_leaves_nothing_on_the_workers(tmp_path: Path) -> None:
+async def test_cancelling_leaves_nothing_on_the_workers(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _needs_root()
     campaign = parse_campaign(SLOW)
-    before, tmp_before = _run_objects(), _tmp_dirs()
+    private_tmp = tmp_path / "worker-tmp"  # the workers' TMPDIR: only their files land here
+    private_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(private_tmp))
+    before = run_objects()
+    seen: list[str] = []
     async with open_dask_engine("local:2") as engine:
         client = engine.client
         worker_pids = list((await trio.to_thread.run_sync(client.run, os.getpid)).values())
@@ -188,6 +161,7 @@ async def test_cancelling_leaves_nothing_on_the_workers(tmp_path: Path) -> None:
                 async def cancel_soon() -> None:
                     await _wait_for_processing(client)
                     await trio.sleep(1.5)
+                    seen.extend(p.name for p in private_tmp.iterdir())
                     nursery.cancel_scope.cancel()  # what Ctrl-C does to the run
 
                 nursery.start_soon(cancel_soon)
@@ -197,8 +171,9 @@ async def test_cancelling_leaves_nothing_on_the_workers(tmp_path: Path) -> None:
         children = [c for pid in worker_pids
                     for c in psutil.Process(int(pid)).children(recursive=True)]
         assert children == [], [c.cmdline() for c in children]
-    assert _run_objects(owners) - before == set()
-    assert _tmp_dirs() - tmp_before == set()
+    assert run_objects(owners) - before == set()
+    assert seen, "the workers' temporary directories were not where the test looks"
+    assert list(private_tmp.iterdir()) == []
 
 
 def _free_port() -> int:
