@@ -93,6 +93,7 @@ _EPISODE_TYPES: dict[str, pa.DataType] = {
     "setup_bytes": pa.int64(), "planning_bytes": pa.int64(), "query_bytes": pa.int64(),
     "fetch_bytes": pa.int64(), "revalidation_bytes": pa.int64(), "barrier_bytes": pa.int64(),
     "commit_bytes": pa.int64(), "rounds_per_action": pa.float64(),
+    "worker": pa.string(),
 }
 ACTION_SCHEMA = pa.schema([*(pa.field(c, _CELL_TYPES[c]) for c in _CELL_TYPES),
                            *(pa.field(c, t) for c, t in _ACTION_TYPES.items())])
