@@ -386,16 +386,18 @@ class Node:
 
     async def op_read(self, args: Mapping[str, Any]) -> dict[str, Any]:
         """Retrieve the owners' current versions of ``keys`` into the store; the session
-        records them as read (an executor that has seen a revision)."""
+        records them as read (an executor that has seen a revision). The reply carries
+        the round meter's report: ``fetch_ms`` is the time of the content transfer."""
         cfg, _, env, _ = self._ready()
         keys = _strs(field(args, "keys", list), "keys")
         for key in keys:
             if key not in cfg.roster.owners:
                 raise ControlError(f"keys: {key!r} is not a shared key")
+        env.meter.reset()
         records = await current_inputs(env, keys)
         for record in records:
             env.record_read(record.key, record.id)
-        return {"inputs": {r.key: r.id for r in records}}
+        return {"inputs": {r.key: r.id for r in records}, **env.meter.report()}
 
     async def op_act(self, args: Mapping[str, Any]) -> dict[str, Any]:
         _, _, env, policy = self._ready()

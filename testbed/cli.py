@@ -208,6 +208,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from testbed.tools.bench_link import bench_link
 
         result = trio.run(bench_link, json_path, console)
+    elif args.bench_cmd == "transfer":
+        _require_namespaces("bench transfer")
+        from testbed.tools.bench_transfer import bench_transfer, write_transfer
+
+        result = trio.run(lambda: bench_transfer(console, samples=args.samples))
+        paths = write_transfer(result, Path(args.out or "results/transfer"))
+        if json_path is not None:
+            json_path.write_text(json.dumps(result, indent=2) + "\n")
+        console.print("transfer: " + ", ".join(map(str, paths)))
+        return 0
     else:
         from testbed.tools.bench_episode import bench_episode
 
@@ -291,9 +301,16 @@ def build_parser() -> argparse.ArgumentParser:
     bsub = p.add_subparsers(dest="bench_cmd", required=True, metavar="WHICH")
     for name, text in (("rpc", "owner-head RPC latency and install latency on loopback"),
                        ("link", "request/response over emulated links vs prediction"),
-                       ("episode", "PlanFence stall per action on loopback, fresh vs reuse")):
+                       ("episode", "PlanFence stall per action on loopback, fresh vs reuse"),
+                       ("transfer", "one fresh authenticated transfer against payload and "
+                                    "loss on a wired, an LTE and a LEO-like network (fig. C.1)")):
         b = bsub.add_parser(name, help=text)
         b.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+        if name == "transfer":
+            b.add_argument("--out", metavar="DIR",
+                           help="where transfer.json and fig_c1.png go (default results/transfer)")
+            b.add_argument("--samples", type=_positive_int, default=20, metavar="N",
+                           help="transfers per payload size and loss rate (default 20)")
     p.set_defaults(func=cmd_bench)
     return parser
 
