@@ -11,8 +11,9 @@ Rules (docs/architecture.md, "Control plane"):
 3. ``issue_t_ns`` is when the outcome was decided (also for a block). The effect of a
    released action is recorded at ``effect_t_ns``, after ``effect_delay_s`` (the time a
    real effect would take; 0 by default). ``last_head_read_t_ns`` is when the final head
-   read of the validation returned, so a controller can tell a change before the final
-   check from one between the check and the effect.
+   read of the validation returned and ``last_head_round_t_ns`` when its round was sent,
+   so a controller can tell a change before the final check from one during it and one
+   between the check and the effect.
 4. An RpcError or RemoteProtocolError escaping ``validate`` is a block with that reason.
 5. ``versions`` (optional, key -> record ID) is the version set an application carries
    with the plan; it reaches the policy as ``ActionRequest.supplied``.
@@ -109,6 +110,7 @@ async def run_act(env: NodeEnv, policy: Policy, counters: Counters, action: str,
         "issue_t_ns": decided,
         "effect_t_ns": effect,
         "last_head_read_t_ns": env.meter.last_head_read_ns,
+        "last_head_round_t_ns": env.meter.last_head_round_ns,
         "block_reason": "" if released else (reason or "blocked"),
         **env.meter.report(),
     }

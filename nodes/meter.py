@@ -40,8 +40,10 @@ class RoundMeter:
         self.replanned = False
         self.bytes = dict.fromkeys(PHASES, 0)
         self.ms = dict.fromkeys(PHASES, 0.0)
-        #: CLOCK_MONOTONIC ns at which the last head read of the operation returned.
+        #: CLOCK_MONOTONIC ns at which the last head read of the operation returned, and at
+        #: which the round holding it began (its requests were sent).
         self.last_head_read_ns = 0
+        self.last_head_round_ns = 0
         self._in_flight = 0
         self._phase = ""
         self._start_bytes = 0
@@ -70,6 +72,7 @@ class RoundMeter:
             now = time.monotonic_ns()
             if method in HEAD_READS:
                 self.last_head_read_ns = now
+                self.last_head_round_ns = self._start_ns
             if self._in_flight == 0:
                 self.bytes[self._phase] += self._traffic() - self._start_bytes
                 self.ms[self._phase] += (now - self._start_ns) / 1e6

@@ -86,12 +86,12 @@ def replanning_tables(run: Run, options: Options) -> list[Table]:
                 counts = mine["trial_outcome"].value_counts()
                 infra = int(mine["aborted"].astype(bool).sum())
                 complete, block = int(counts.get("complete", 0)), int(counts.get("block", 0))
-                gap = int(counts.get("gap", 0))
+                gap, stale = int(counts.get("gap", 0)), int(counts.get("stale", 0))
                 cells += [Cell(f"{complete}/{n}"), Cell(str(block)), Cell(str(infra)),
-                          Cell(str(gap))]
+                          Cell(str(gap)), Cell(str(stale))]
                 record.update({f"{policy}_trials": n, f"{policy}_complete": complete,
                                f"{policy}_block": block, f"{policy}_infra": infra,
-                               f"{policy}_gap": gap})
+                               f"{policy}_gap": gap, f"{policy}_stale": stale})
                 issued = mine[mine["outcome"] == "released"]
                 issued_ok[policy][0] += len(issued)
                 issued_ok[policy][1] += int((~issued["invalid"].astype(bool)).sum())
@@ -116,7 +116,7 @@ def replanning_tables(run: Run, options: Options) -> list[Table]:
         header = ["δ (s)", "λ (/s)"]
         for policy in policies:
             short = naming.display_name(policy)
-            header += [f"{short}: Complete", "Block", "Infra.", "Gap"]
+            header += [f"{short}: Complete", "Block", "Infra.", "Gap", "Stale"]
         tables.append(layout(run, frame, records,
             name=f"table_f1_{network}",
             title=f"Table F.1 layout: completion under updates during replanning on {network}",
@@ -125,8 +125,9 @@ def replanning_tables(run: Run, options: Options) -> list[Table]:
             "input still its owner's head at the recorded effect; Block: refused (after "
             "the single replan, or at the 30 s deadline); Infra.: the trial's setup failed "
             "(kept in the denominator); Gap: issued, but an input changed after the final "
-            "head read and before the effect. '(unrelated)': only an unrelated key of the "
-            "same owner changes.",
+            "check was sent and before the effect; Stale: issued, but the input had changed at "
+            "its owner before the final check was sent (the check's source lagged the owner). "
+            "'(unrelated)': only an unrelated key of the same owner changes.",
             findings=findings,
         ))
     return tables

@@ -17,8 +17,12 @@ Rules this module obeys:
    effect (an update already sent is waited for, never cut off mid-request).
 3. Judging, from the owners' head logs only: a blocked action is Block (with its
    reason); a released one is Complete if every declared input is still its owner's
-   head at the recorded effect, else Gap (an input changed after the final validation
-   and before the effect; ``gap_ms`` is the change's time after the final head read).
+   head at the recorded effect; otherwise Gap if the input changed after the final
+   check's requests were sent (after the final validation: ``gap_ms`` is the change's
+   time after the final head read returned, negative while that answer was in flight),
+   and Stale if it had changed at its owner before them, which only a source that lags
+   the owner allows (centralized lineage's directory, between an owner's write and its
+   commit).
 4. Handoff (Table G.1): ``unchanged`` (no revision), ``same_session`` (the executor
    plans the action itself, the owner revises the input, the executor acts) and
    ``handoff`` (the planner hands off, the owner revises, the executor retrieves the
@@ -183,12 +187,15 @@ def _judge(kind: str, action: str, timeline: HeadLog, key: str, unrelated: str,
     inputs = {str(k): bytes(v) for k, v in dict(reply.get("inputs") or {}).items()}
     started, decided = int(reply["started_t_ns"]), int(reply["issue_t_ns"])
     effect, last_read = int(reply["effect_t_ns"]), int(reply["last_head_read_t_ns"])
+    last_round = int(reply.get("last_head_round_t_ns") or 0)
     invalid = released and judge_invalid(timeline, [key], inputs, decided)
     gap_ms: float | None = None
     if kind == "replanning":
         current, changed = effect_verdict(timeline, [key], inputs, effect)
         outcome = "block" if not released else ("complete" if current else "gap")
-        if released and not current and changed is not None and last_read:
+        if outcome == "gap" and changed is not None and changed < last_round:
+            outcome = "stale"
+        if outcome == "gap" and changed is not None and last_read:
             gap_ms = (changed - last_read) / 1e6
     else:
         outcome = "block" if not released else ("invalid" if invalid else "complete")

@@ -36,7 +36,7 @@ def test_presets_all_load_with_the_documented_sizes() -> None:
     sizes = {name: len(load_campaign(name).episodes()) for name in preset_names()}
     assert sizes == {"demo": 60, "primary": 390, "rates": 2880, "scope": 1200,
                      "density": 270, "reuse": 900, "teams": 72, "horizon": 27,
-                     "replanning": 780, "handoff": 270, "batches": 600, "artifact": 320}
+                     "replanning": 1560, "handoff": 270, "batches": 600, "artifact": 320}
 
 
 def test_demo_preset_matches_the_issue() -> None:
