@@ -73,7 +73,7 @@ def batch_tables(run: Run, options: Options) -> list[Table]:
                 spread = (max(per_batch) - min(per_batch)) / pd.Series(per_batch).median()
                 findings.append(f"{naming.display_name(policy)}: fresh-batch medians "
                                 f"{fmt(min(per_batch))}-{fmt(max(per_batch))} ms/action, "
-                                f"spread {pct(spread)} of their median.")
+                                f"spread {pct(spread).lstrip('+')} of their median.")
         for connection, values in reductions.items():
             if values:
                 findings.append(f"PlanFence below batched all-key by {pct(min(values))} to "
