@@ -31,6 +31,8 @@ def summary_frame(out_dir: Path) -> pd.DataFrame:
     invalid = released.groupby("cell")["invalid"].sum().rename("invalid")
     frame = frame.join(medians, on="cell").join(issued, on="cell").join(invalid, on="cell")
     frame = frame.fillna({"issued": 0, "invalid": 0})
+    frame = frame.join(episodes.groupby("cell").first().apply(_setting, axis=1)
+                       .rename("setting"), on="cell")
     # Rows in the campaign file's order (shards come back in file-name order, which puts
     # rho 16 before rho 4); cells the manifest does not know go last, sorted.
     order = {cell_id: i for i, cell_id in enumerate(_manifest_cell_order(out_dir))}
@@ -54,21 +56,37 @@ def print_summary(out_dir: Path, console: Console) -> None:
     """One screen: median stall (ms/action) and traffic (KiB/action) per cell."""
     frame = summary_frame(out_dir)
     table = Table(title=f"{out_dir.name}: medians over templates (aborted episodes excluded)")
-    for column in ("policy", "network", "rho", "keys", "agents", "deps", "conn", "episodes",
-                   "invalid/issued", "stall ms/action", "KiB/action"):
+    studies = bool(frame["setting"].astype(bool).any())
+    for column in ("policy", "network", "rho", "keys", "agents", "deps", "conn",
+                   *(("setting",) if studies else ()), "episodes", "invalid/issued",
+                   "stall ms/action", "KiB/action"):
         table.add_column(column, justify="left" if column in ("policy", "network") else "right")
     for row in frame.head(_SUMMARY_ROWS).to_dict("records"):
         episodes = f"{row['episodes']}" + (f" ({row['aborted']} aborted)" if row["aborted"]
                                            else "")
         table.add_row(str(row["policy"]), str(row["network"]), fmt_number(float(row["rho"])),
                       str(row["keys"]), str(row["agents"]), str(row["deps"]),
-                      str(row["connection"]), episodes,
+                      str(row["connection"]), *((str(row["setting"]),) if studies else ()),
+                      episodes,
                       f"{int(row['invalid'])}/{int(row['issued'])}", _num(row["stall_ms"]),
                       _num(row["kib"]))
     console.print(table)
     if len(frame) > _SUMMARY_ROWS:
         console.print(f"... {len(frame) - _SUMMARY_ROWS} more cells in "
                       f"{out_dir / 'episodes.parquet'} (see `testbed report`)")
+
+
+def _setting(row: pd.Series) -> str:
+    """A cell's batch and study settings in words ('' for a plain episode cell)."""
+    parts = []
+    if pd.notna(row.get("replan_delay_s")):
+        parts.append(f"delay {fmt_number(float(row['replan_delay_s']))} s, "
+                     f"{fmt_number(float(row['update_rate_per_s']))}/s {row['update_target']}")
+    if isinstance(row.get("scenario"), str):
+        parts.append(str(row["scenario"]))
+    if pd.notna(row.get("batch")) and int(row["batch"]) != 1:
+        parts.append(f"batch {int(row['batch'])}")
+    return "; ".join(parts)
 
 
 def _num(value: Any) -> str:
