@@ -21,6 +21,7 @@ import json
 import random
 import statistics
 import tempfile
+import time
 import tomllib
 from collections.abc import Mapping, Sequence
 from importlib import resources
@@ -33,6 +34,7 @@ from rich.console import Console
 
 from testbed.links.profiles import NetworkProfile, get_profile
 from testbed.net.topology import open_topology
+from testbed.results.provenance import git_revision, host_description
 from testbed.run.team import open_team
 
 SIZES_KIB = (1, 4, 16, 64, 256)
@@ -95,7 +97,10 @@ async def bench_transfer(console: Console, *, samples: int = SAMPLES,
     """Run both panels on every network; return what ``transfer.json`` holds."""
     networks = transfer_networks()
     result: dict[str, Any] = {"samples": samples, "sizes_kib": list(SIZES_KIB),
-                              "losses_pct": list(LOSSES_PCT), "networks": {}}
+                              "losses_pct": list(LOSSES_PCT), "seed": seed,
+                              "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                              "git": git_revision(), "system": host_description(),
+                              "networks": {}}
     with tempfile.TemporaryDirectory(prefix="tb-bench-transfer-") as tmp:
         for name, spec in networks.items():
             console.print(f"transfer: {name}: sizes {list(SIZES_KIB)} KiB")
