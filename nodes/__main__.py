@@ -49,6 +49,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"--plugin: cannot import {module!r}: {exc}", file=sys.stderr)
             return 2
 
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        # Room above the connection caps of nodes.limits for stores, logs and clients.
+        wanted = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
+        if wanted > soft:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+
     from nodes.node import run_node
 
     trio.run(run_node, args.control)

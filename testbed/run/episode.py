@@ -43,7 +43,7 @@ from testbed.net.topology import Topology, open_topology
 from testbed.run.contract import EpisodeAborted, EpisodeResult
 from testbed.run.team import Team, open_team
 from testbed.run.verdict import HeadLog, build_head_log, judge_invalid
-from testbed.spec.campaign import Campaign, Cell, GroupKey
+from testbed.spec.campaign import Campaign, Cell, GroupKey, episode_key
 from testbed.spec.workload import Act, Plan, Schedule, Seed, Update
 
 
@@ -88,7 +88,8 @@ class TeamGroup:
         team, topo = self.team, self.topo
         started = time.monotonic()
         await team.reset_all(policy=cell.policy, connection=cell.connection,
-                             owners=schedule.owners)
+                             owners=schedule.owners,
+                             episode=episode_key(cell, schedule.template))
         async def seed_key(seed: Seed) -> None:
             await team.call(seed.owner, "seed", key=seed.key, content=seed.content,
                             rtype=seed.rtype)

@@ -6,7 +6,11 @@ namespace. Each node's control socket gets one persistent connection (one reques
 a time). Setup follows the two-step ``configure`` of docs/architecture.md: first every
 node binds its data-plane port (port 0 in the roster), then every node receives the
 complete roster. ``reset_all`` starts a new episode cheaply (fresh store file, zeroed
-counters, closed pooled connections, new policy object) without restarting processes.
+counters, closed pooled connections, new policy object) without restarting processes,
+and binds the episode: every member's key is derived from the campaign seed, this
+team's random incarnation and the episode label, and the whole roster is re-pinned at
+every node (docs/architecture.md, "Threat model"), so nothing signed or handshaken in
+another episode, team or campaign verifies in this one.
 
 On exit the team asks each node to shut down, waits briefly, then lets trio terminate
 (SIGTERM, later SIGKILL) only the processes it started.
@@ -17,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -115,7 +120,13 @@ class Team:
     owners: dict[str, str]
     probes: tuple[str, ...] = ()
     plugins: tuple[str, ...] = ()
+    limits: dict[str, Any] = field(default_factory=dict)
     roster: Roster = field(init=False)
+    #: Key material, never a measurement: random per team, so that a rerun, a resumed
+    #: run or another campaign with the same seed never derives this team's keys.
+    incarnation: str = field(default_factory=lambda: secrets.token_hex(16))
+    episode: str = "setup"  # the label the current keys are bound to
+    episodes_started: int = 0
     _nodes: dict[str, _Node] = field(default_factory=dict)
     _closing: bool = False
 
@@ -126,8 +137,15 @@ class Team:
         return list(self._nodes)
 
     def identity(self, agent: str) -> Identity:
-        """The identity of a member or a probe (for tests and benchmarks only)."""
-        return Identity.derive(agent, self.campaign_seed)
+        """The current episode's identity of a member or a probe (tests and benchmarks
+        act as a probe with it)."""
+        return Identity.derive(agent, self.campaign_seed,
+                               episode=f"{self.incarnation}/{self.episode}")
+
+    def pid(self, agent: str) -> int | None:
+        """The process id of a member's node (fault injection and tests), None if gone."""
+        process = self._nodes[agent].process
+        return None if process is None or process.returncode is not None else process.pid
 
     def log_path(self, agent: str) -> Path:
         return self._nodes[agent].log_path
@@ -160,8 +178,10 @@ class Team:
         return reply
 
     async def reset_all(self, *, policy: str | None = None, connection: str | None = None,
-                        owners: Mapping[str, str] | None = None) -> None:
-        """New episode at every node: fresh stores, zeroed counters, new policy objects.
+                        owners: Mapping[str, str] | None = None,
+                        episode: str | None = None) -> None:
+        """New episode at every node: fresh stores, zeroed counters, new policy objects,
+        and new keys bound to ``episode`` (default: a counter), re-pinned everywhere.
 
         ``owners`` (a new keyspace) re-sends the roster first; ports stay the same.
         """
@@ -173,9 +193,14 @@ class Team:
             await self._configure_all()
         self.policy = policy or self.policy
         self.connection = connection or self.connection
+        self.episodes_started += 1
+        self.episode = f"{self.episodes_started}/{episode or 'episode'}"
+        self.roster = self._build_roster()
+        wire_roster = self.roster.to_wire()
         await self._each(lambda n: self.call(
             n.agent, "reset", store_path=str(n.store_path), policy=self.policy,
-            connection=self.connection))
+            connection=self.connection, identity_seed=self.identity(n.agent).seed,
+            roster=wire_roster))
 
     async def counters(self) -> dict[str, dict[str, int]]:
         replies = await self._each(lambda n: self.call(n.agent, "counters"))
@@ -221,7 +246,8 @@ class Team:
         return {"agent_id": node.agent, "identity_seed": self.identity(node.agent).seed,
                 "roster": self.roster.to_wire(), "connection": self.connection,
                 "policy": self.policy, "rpc_timeout_s": self.rpc_timeout_s,
-                "durability": self.durability, "store_path": str(node.store_path)}
+                "durability": self.durability, "store_path": str(node.store_path),
+                "limits": dict(self.limits)}
 
     async def _configure_all(self) -> None:
         async def one(node: _Node) -> None:
@@ -294,7 +320,8 @@ async def open_team(*, agents: Sequence[str], central: bool,
                     durability: str = "full", rpc_timeout_s: float = 10.0,
                     owners: Mapping[str, str] | None = None,
                     probes: Sequence[str] = (),
-                    plugins: Sequence[str] = ()) -> AsyncIterator[Team]:
+                    plugins: Sequence[str] = (),
+                    limits: Mapping[str, Any] | None = None) -> AsyncIterator[Team]:
     """Start and configure a team of node processes; stop them all on exit.
 
     ``hosts[agent] = (netns or None, bind address)``, also for ``central`` if used.
@@ -302,6 +329,7 @@ async def open_team(*, agents: Sequence[str], central: bool,
     ``probes`` are extra roster members with no process (a test or benchmark acting
     as a client with ``team.identity(probe)``). ``plugins`` are modules each node
     imports at start (``python -m nodes --plugin``), e.g. to register a test policy.
+    ``limits`` overrides settings of ``nodes.limits.Limits`` at every node.
     """
     if connection not in CONNECTIONS:
         raise ValueError(f"connection: {connection!r} not one of {', '.join(CONNECTIONS)}")
@@ -315,7 +343,7 @@ async def open_team(*, agents: Sequence[str], central: bool,
             raise ValueError(f"hosts: no entry for {name!r}")
     team = Team(list(agents), central, campaign_seed, connection, policy, durability,
                 float(rpc_timeout_s), dict(owners or key_owners(agents, 8)), tuple(probes),
-                tuple(plugins))
+                tuple(plugins), dict(limits or {}))
     workdir = Path(workdir)
     _make_dirs(workdir / "logs", workdir / "stores")
     sock_dir = tempfile.mkdtemp(prefix="pft-ctl-")  # short: Unix socket paths are <108 bytes

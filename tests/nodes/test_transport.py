@@ -143,7 +143,8 @@ async def test_counters_equal_the_frames_on_the_wire(net: Net, connection: Any) 
     assert net.server_counters.snapshot() == {
         "bytes_sent": received, "bytes_received": sent,
         "frames_sent": handshakes + calls, "frames_received": handshakes + calls,
-        "connections_opened": 0, "connections_accepted": handshakes, "rejected": 0}
+        "connections_opened": 0, "connections_accepted": handshakes, "rejected": 0,
+        "refused": 0, "rpc_timeouts": 0}
     counters.reset()
     assert set(counters.snapshot().values()) == {0}
 
