@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import secrets
 import shutil
@@ -49,12 +50,37 @@ log = logging.getLogger("testbed.run.team")
 T = TypeVar("T")
 STARTUP_TIMEOUT_S = 30.0
 SHUTDOWN_GRACE_S = 5.0
+HEARTBEAT_MIN_S = 2.0
+OP_DEADLINE_MARGIN_S = 5.0
+#: Control ops that run no policy code: they get op_deadline_s.
+LOCAL_OPS = frozenset({"ping", "reset", "counters", "head_log", "configure"})
 CONNECTIONS: tuple[str, ...] = tuple(CONNECTION_SETTINGS)
 DURABILITIES: tuple[str, ...] = tuple(DURABILITY_MODES)
 
 
 class NodeDied(RunFailure):
     """A node process exited (or its control socket broke) while the team needed it."""
+
+
+class NodeUnresponsive(RunFailure):
+    """A node stopped answering its control plane (frozen, or stuck); its message
+    starts with ``node_unresponsive``, the abort reason of the episode."""
+
+    def __init__(self, agent: str, detail: str) -> None:
+        super().__init__(f"node_unresponsive: {agent} {detail}")
+        self.agent = agent
+
+
+def heartbeat_timeout_s(rpc_timeout_s: float) -> float:
+    """How long a live node may take to answer a ping: half the RPC timeout (so a frozen
+    node is found before the RPCs to it time out), at least 2 s."""
+    return max(HEARTBEAT_MIN_S, rpc_timeout_s / 2)
+
+
+def op_deadline_s(rpc_timeout_s: float) -> float:
+    """Deadline of a control op that runs no policy (ping, reset, counters, head_log):
+    such an op is local work, so it never needs an RPC timeout, let alone this."""
+    return rpc_timeout_s + OP_DEADLINE_MARGIN_S
 
 
 class NodeOpError(RunFailure):
@@ -102,6 +128,8 @@ class _Node:
     store_path: Path
     process: trio.Process | None = None
     client: ControlClient | None = None
+    heartbeat: ControlClient | None = None  # a second connection, for pings only
+    unresponsive: bool = False
     returncode: int | None = None
     port: int = 0
 
@@ -167,8 +195,14 @@ class Team:
             raise ValueError(f"agent: {agent!r} not one of {', '.join(self._nodes)}")
         if node.client is None or node.returncode is not None:
             raise await self._died(node, "control connection is not open")
+        deadline = op_deadline_s(self.rpc_timeout_s) if op in LOCAL_OPS else math.inf
         try:
-            reply = await node.client.request(op, **args)
+            with trio.fail_after(deadline):
+                reply = await node.client.request(op, **args)
+        except trio.TooSlowError:
+            node.unresponsive = True
+            raise NodeUnresponsive(agent, f"did not answer {op} within {deadline:g} s") \
+                from None
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError,
                 RemoteProtocolError) as exc:
             raise await self._died(node, f"{op}: {exc!r}") from None
@@ -201,6 +235,37 @@ class Team:
             n.agent, "reset", store_path=str(n.store_path), policy=self.policy,
             connection=self.connection, identity_seed=self.identity(n.agent).seed,
             roster=wire_roster))
+
+    async def unresponsive(self, *, timeout_s: float) -> NodeUnresponsive | None:
+        """Ping every node at once on its heartbeat connection; the first that does not
+        answer within ``timeout_s`` (a node that died is NodeDied's business)."""
+        found: list[NodeUnresponsive] = []
+
+        async def one(node: _Node) -> None:
+            if node.heartbeat is None or node.returncode is not None:
+                return
+            with trio.move_on_after(timeout_s) as scope:
+                try:
+                    await node.heartbeat.request("ping")
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError,
+                        RemoteProtocolError):
+                    return
+            if scope.cancelled_caught:
+                node.unresponsive = True
+                found.append(NodeUnresponsive(
+                    node.agent, f"did not answer a ping within {timeout_s:g} s"))
+
+        await self._each(one)
+        return found[0] if found else None
+
+    async def watch_liveness(self, *, timeout_s: float) -> None:
+        """Ping every node every ``timeout_s / 4``; raise NodeUnresponsive for the first
+        that stays silent for ``timeout_s``. Runs until cancelled."""
+        while True:
+            frozen = await self.unresponsive(timeout_s=timeout_s)
+            if frozen is not None:
+                raise frozen
+            await trio.sleep(timeout_s / 4)
 
     async def counters(self) -> dict[str, dict[str, int]]:
         replies = await self._each(lambda n: self.call(n.agent, "counters"))
@@ -286,6 +351,7 @@ class Team:
                     raise await self._died(node, "exited during startup")
                 try:
                     node.client = await ControlClient.connect(node.control_path)
+                    node.heartbeat = await ControlClient.connect(node.control_path)
                 except OSError:
                     await trio.sleep(0.02)
                     continue
@@ -297,6 +363,12 @@ class Team:
         self._closing = True
 
         async def one(node: _Node) -> None:
+            if node.heartbeat is not None:
+                await node.heartbeat.aclose()
+                node.heartbeat = None
+            if node.unresponsive and node.process is not None \
+                    and node.process.returncode is None:
+                node.process.kill()  # frozen: it would not obey a shutdown or SIGTERM
             if node.client is None:
                 return
             with trio.move_on_after(2.0), contextlib.suppress(
