@@ -88,6 +88,7 @@ def cmd_traces(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     import trio
 
+    from testbed.host.ledger import clean_dead_runs, open_run_ledger, run_state_dir
     from testbed.run.episode import EpisodeRunner
     from testbed.run.loop import run_campaign
     from testbed.spec.parse import load_campaign
@@ -100,9 +101,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     if any(cell.network != "loopback" for cell in campaign.cells()):
         _require_root(f"campaign {campaign.name!r} (non-loopback networks)")
     console = _console()
-    runner = EpisodeRunner(campaign, workdir_root=workdir, backend=args.backend)
-    trio.run(lambda: run_campaign(campaign, out, resume=args.resume, extend=args.extend,
-                                  jobs=args.jobs, runner=runner, console=console))
+    label = str(Path(out).absolute())
+    if args.resume or args.extend:  # what a killed run on this directory left behind
+        for item in clean_dead_runs(run_state_dir(), label=label):
+            console.print(f"removed {item} (left by an interrupted run)")
+    with open_run_ledger(label) as ledger:
+        runner = EpisodeRunner(campaign, workdir_root=workdir, backend=args.backend,
+                               ledger=ledger)
+        trio.run(lambda: run_campaign(campaign, out, resume=args.resume, extend=args.extend,
+                                      jobs=args.jobs, runner=runner, console=console))
     console.print(f"results: {out}")
     return 0
 
@@ -122,9 +129,11 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_clean(args: argparse.Namespace) -> int:
     _require_root("clean")
-    from testbed.host.ledger import clean_all
+    from testbed.host.ledger import STATE_DIR, clean_all, run_state_dir
 
     removed = clean_all()
+    if run_state_dir() != STATE_DIR:
+        removed += clean_all(run_state_dir())
     console = _console()
     for item in removed:
         console.print(f"removed {item}")

@@ -44,6 +44,7 @@ import trio
 from protocols.errors import ProtocolError
 from protocols.policies import describe_policy
 from testbed.errors import RunFailure
+from testbed.host.ledger import Ledger
 from testbed.links.profiles import get_profile
 from testbed.net.topology import Topology, open_topology
 from testbed.run.contract import EpisodeAborted, EpisodeResult
@@ -233,9 +234,12 @@ class EpisodeRunner:
     """Builds a topology and a team per group of cells (the campaign's Runner)."""
 
     def __init__(self, campaign: Campaign, *, workdir_root: Path | None = None,
-                 backend: str | None = None) -> None:
+                 backend: str | None = None, ledger: Ledger | None = None) -> None:
         self.campaign = campaign
         self.workdir_root = workdir_root
+        #: The run's ledger: every temporary directory is recorded in it before it is
+        #: made (without one, e.g. in tests, plain mkdtemp directories).
+        self.ledger = ledger
         self.backend = backend or campaign.options.backend
         self.groups: list[TeamGroup] = []
 
@@ -249,7 +253,9 @@ class EpisodeRunner:
         # The workload names the agents and owns the keys; the team follows it.
         first_schedule = self.campaign.schedule(first, self.campaign.templates[0])
         agents = list(first_schedule.agents)
-        workdir = Path(tempfile.mkdtemp(prefix="planfence-", dir=self.workdir_root))
+        ledger = self.ledger
+        workdir = (ledger.new_tmpdir("planfence", self.workdir_root) if ledger is not None
+                   else Path(tempfile.mkdtemp(prefix="planfence-", dir=self.workdir_root)))
         try:
             async with open_topology(profile, agents, central=key.central,
                                      trace_offset_s=key.trace_offset_s,
@@ -260,9 +266,12 @@ class EpisodeRunner:
                                      connection=first.connection, policy=first.policy,
                                      durability=options.durability,
                                      rpc_timeout_s=options.rpc_timeout_s,
-                                     owners=first_schedule.owners) as team:
+                                     owners=first_schedule.owners, ledger=ledger) as team:
                     group = TeamGroup(topo, team, self.campaign)
                     self.groups.append(group)
                     yield group
         finally:
-            shutil.rmtree(workdir, ignore_errors=True)
+            if ledger is not None:
+                ledger.remove_tmpdir(workdir)
+            else:
+                shutil.rmtree(workdir, ignore_errors=True)

@@ -44,6 +44,7 @@ from nodes.transport import CONNECTION_SETTINGS
 from protocols.errors import RemoteProtocolError
 from protocols.identity import CENTRAL_ID, Identity, Member, Roster
 from testbed.errors import RunFailure
+from testbed.host.ledger import Ledger
 
 log = logging.getLogger("testbed.run.team")
 
@@ -149,6 +150,7 @@ class Team:
     probes: tuple[str, ...] = ()
     plugins: tuple[str, ...] = ()
     limits: dict[str, Any] = field(default_factory=dict)
+    ledger: Ledger | None = None
     roster: Roster = field(init=False)
     #: Key material, never a measurement: random per team, so that a rerun, a resumed
     #: run or another campaign with the same seed never derives this team's keys.
@@ -336,9 +338,13 @@ class Team:
                 node.process = await inner.start(partial(
                     trio.run_process, cmd, check=False, stdin=subprocess.DEVNULL,
                     stdout=log_fd, stderr=log_fd, env=env))
+                if self.ledger is not None:  # so that `clean` stops it if we are killed
+                    self.ledger.record_process(node.process.pid)
                 task_status.started()
         finally:
             os.close(log_fd)
+            if self.ledger is not None and node.process is not None:
+                self.ledger.forget_process(node.process.pid)
         node.returncode = node.process.returncode
         if not self._closing:
             log.error("node %s exited unexpectedly with code %s", node.agent, node.returncode)
@@ -393,7 +399,8 @@ async def open_team(*, agents: Sequence[str], central: bool,
                     owners: Mapping[str, str] | None = None,
                     probes: Sequence[str] = (),
                     plugins: Sequence[str] = (),
-                    limits: Mapping[str, Any] | None = None) -> AsyncIterator[Team]:
+                    limits: Mapping[str, Any] | None = None,
+                    ledger: Ledger | None = None) -> AsyncIterator[Team]:
     """Start and configure a team of node processes; stop them all on exit.
 
     ``hosts[agent] = (netns or None, bind address)``, also for ``central`` if used.
@@ -401,7 +408,8 @@ async def open_team(*, agents: Sequence[str], central: bool,
     ``probes`` are extra roster members with no process (a test or benchmark acting
     as a client with ``team.identity(probe)``). ``plugins`` are modules each node
     imports at start (``python -m nodes --plugin``), e.g. to register a test policy.
-    ``limits`` overrides settings of ``nodes.limits.Limits`` at every node.
+    ``limits`` overrides settings of ``nodes.limits.Limits`` at every node. With a
+    ``ledger`` the control sockets' directory is recorded in it before it is made.
     """
     if connection not in CONNECTIONS:
         raise ValueError(f"connection: {connection!r} not one of {', '.join(CONNECTIONS)}")
@@ -415,10 +423,12 @@ async def open_team(*, agents: Sequence[str], central: bool,
             raise ValueError(f"hosts: no entry for {name!r}")
     team = Team(list(agents), central, campaign_seed, connection, policy, durability,
                 float(rpc_timeout_s), dict(owners or key_owners(agents, 8)), tuple(probes),
-                tuple(plugins), dict(limits or {}))
+                tuple(plugins), dict(limits or {}), ledger)
     workdir = Path(workdir)
     _make_dirs(workdir / "logs", workdir / "stores")
-    sock_dir = tempfile.mkdtemp(prefix="pft-ctl-")  # short: Unix socket paths are <108 bytes
+    # Short: Unix socket paths are < 108 bytes.
+    sock_dir = str(ledger.new_tmpdir("pft-ctl")) if ledger is not None \
+        else tempfile.mkdtemp(prefix="pft-ctl-")
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [_source_root(), env.get("PYTHONPATH")]))
     for name in members:
@@ -441,4 +451,7 @@ async def open_team(*, agents: Sequence[str], central: bool,
                 await team._shutdown()
                 nursery.cancel_scope.cancel()  # terminate/kill whatever did not exit
     finally:
-        shutil.rmtree(sock_dir, ignore_errors=True)
+        if ledger is not None:
+            ledger.remove_tmpdir(Path(sock_dir))
+        else:
+            shutil.rmtree(sock_dir, ignore_errors=True)
