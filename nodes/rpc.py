@@ -17,6 +17,7 @@ Rules (the "Data plane" table of docs/architecture.md):
 from __future__ import annotations
 
 import logging
+import sqlite3
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -46,6 +47,7 @@ NOT_OWNER = "not_owner"
 NO_HEAD = "no_head"
 UNKNOWN_ID = "unknown_id"
 NOT_CENTRAL = "not_central"
+STORE_FAILED = "store_failed"  # this node's own store failed (disk full): not the peer
 
 
 class RpcCaller(Protocol):
@@ -112,6 +114,8 @@ class Handlers:
             raise RemoteProtocolError(f"unknown method {method!r}")
         try:
             return await handler(peer_id, params)
+        except sqlite3.Error as exc:  # our store failed (e.g. a full disk): say so
+            raise RemoteCallError(STORE_FAILED, f"{type(exc).__name__}: {exc}") from None
         except RemoteProtocolError as exc:  # includes IntegrityError: connection closes
             log.warning("rejected %s from %s: %s: %s", method, peer_id,
                         type(exc).__name__, exc)

@@ -142,6 +142,19 @@ def cmd_clean(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_faults(args: argparse.Namespace) -> int:
+    _require_root("faults")
+    from testbed.tools.faults import KINDS, render, run_faults, write_json
+
+    kinds = [k.strip() for k in args.kinds.split(",")] if args.kinds else list(KINDS)
+    console = _console()
+    results = run_faults(kinds=kinds, trials=args.trials, seed=args.seed, console=console)
+    render(results, console)
+    if args.json:
+        write_json(results, Path(args.json))
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     import trio
 
@@ -221,6 +234,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("clean", help="remove namespaces, links and processes left by crashed runs")
     p.set_defaults(func=cmd_clean)
+
+    p = sub.add_parser("faults", help="the fault suite: kill, freeze, partition, corrupt, "
+                                      "fill the disk; results for docs/reliability.md")
+    p.add_argument("--trials", type=_positive_int, default=20, metavar="N",
+                   help="episodes (one fault each) per fault kind (default 20)")
+    p.add_argument("--kinds", metavar="K1,K2", help="only these fault kinds (default all)")
+    p.add_argument("--seed", type=int, default=1, help="seed of the fault points (default 1)")
+    p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    p.set_defaults(func=cmd_faults)
 
     p = sub.add_parser("bench", help="benchmarks (figures go to docs/benchmarks.md)")
     bsub = p.add_subparsers(dest="bench_cmd", required=True, metavar="WHICH")
