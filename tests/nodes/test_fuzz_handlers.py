@@ -86,7 +86,7 @@ def _run(method: str, peer: str, params: Any) -> None:
     trio.run(main)
 
 
-FUZZ = settings(max_examples=150, deadline=None,
+FUZZ = settings(max_examples=200, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
@@ -103,6 +103,25 @@ def test_random_params_never_escape_as_internal(method: str, peer: str, params: 
 def test_mutated_valid_requests_never_escape_as_internal(method: str, peer: str,
                                                          path: list[int], value: Any) -> None:
     _run(method, peer, _mutate(_valid_params(method), path, value))
+
+
+other_types = (st.lists(scalars, max_size=3) | st.dictionaries(st.text(max_size=4), scalars,
+                                                               max_size=3)
+               | st.integers(min_value=2**63 - 2, max_value=2**64 - 1)
+               | st.integers(min_value=-(2**63), max_value=-1) | st.floats() | st.none())
+
+
+@FUZZ
+@given(method=st.sampled_from(["install", "announce", "commit"]),
+       field_index=st.integers(min_value=0, max_value=7), value=other_types)
+def test_each_field_of_a_valid_request_with_another_type(method: str, field_index: int,
+                                                         value: Any) -> None:
+    """Every record/head field in turn replaced by a value of another type or range."""
+    params = _valid_params(method)
+    items = params["records"] if method == "install" else params["heads"]
+    fields = sorted(items[0])
+    items[0] = {**items[0], fields[field_index % len(fields)]: value}
+    _run(method, "a1", params)
 
 
 @FUZZ

@@ -253,23 +253,23 @@ def _record_wire(**changes: Any) -> dict[str, Any]:
     return body
 
 
-TYPED_CASES = {
-    "rtype_list": ("install", {"records": [_record_wire(rtype=["plan"])]}),
-    "rtype_map": ("install", {"records": [_record_wire(rtype={"a": 1})]}),
-    "record_seq_2_63": ("install", {"records": [_record_wire(seq=2**63)]}),
-    "announce_seq_2_63": ("announce", {"heads": [{"key": "k001", "owner": "probe",
-                                                  "seq": 2**63, "id": bytes(32)}]}),
-    "commit_seq_2_63": ("commit", {"heads": [{"key": "k000", "owner": "probe",
-                                              "seq": 2**64 - 1, "id": bytes(32)}]}),
+TYPED_CASES = {  # (who sends it, method, params): each from the member allowed to send it
+    "rtype_list": ("probe", "install", {"records": [_record_wire(rtype=["plan"])]}),
+    "rtype_map": ("probe", "install", {"records": [_record_wire(rtype={"a": 1})]}),
+    "record_seq_2_63": ("probe", "install", {"records": [_record_wire(seq=2**63)]}),
+    "announce_seq_2_63": ("a1", "announce", {"heads": [{"key": "k001", "owner": "a1",
+                                                        "seq": 2**63, "id": bytes(32)}]}),
+    "commit_seq_2_64": ("a0", "commit", {"heads": [{"key": "k000", "owner": "a0",
+                                                     "seq": 2**64 - 1, "id": bytes(32)}]}),
 }
 
 
 @pytest.mark.parametrize("case", sorted(TYPED_CASES))
 async def test_peer_input_is_a_protocol_error_never_internal(team: Team, case: str) -> None:
-    method, params = TYPED_CASES[case]
+    sender, method, params = TYPED_CASES[case]
     target = CENTRAL_ID if method == "commit" else TARGET
     stream = await _connect(team, target)
-    initiator = ChannelInitiator(identity=team.identity("probe"), roster=team.roster,
+    initiator = ChannelInitiator(identity=team.identity(sender), roster=team.roster,
                                  peer_id=target)
     await stream.send_all(wire.encode_frame(initiator.start()))
     decoder = wire.FrameDecoder()
