@@ -207,7 +207,8 @@ class Node:
         self.policy = make_policy(cfg.policy)
         if self.handlers is None:
             self.handlers = Handlers(agent_id=cfg.identity.agent_id, store=store,
-                                     roster=cfg.roster, limits=self.limits)
+                                     roster=cfg.roster, limits=self.limits,
+                                     counters=self.counters)
         else:
             self.handlers.agent_id = cfg.identity.agent_id
             self.handlers.store = store
@@ -432,7 +433,7 @@ class Node:
         self.shutdown_requested.set()
 
 
-async def run_node(control_path: str) -> None:
+async def run_node(control_path: str, parent_pid: int | None = None) -> None:
     """Serve the control socket until ``shutdown`` or SIGTERM/SIGINT; always clean up."""
     import signal
 
@@ -452,7 +453,8 @@ async def run_node(control_path: str) -> None:
                         return
 
                 nursery.start_soon(on_signal)
-                nursery.start_soon(watch_parent, os.getppid(), node.shutdown_requested)
+                nursery.start_soon(watch_parent, parent_pid or os.getppid(),
+                                   node.shutdown_requested)
                 await node.shutdown_requested.wait()
             finally:
                 await node.close()

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from nodes.limits import Limits
 from nodes.store import SqliteStore
+from nodes.transport import Counters
 from protocols.errors import (
     IntegrityError,
     OwnerRuleError,
@@ -93,11 +94,12 @@ class Handlers:
     """
 
     def __init__(self, *, agent_id: str, store: SqliteStore, roster: Roster,
-                 limits: Limits | None = None) -> None:
+                 limits: Limits | None = None, counters: Counters | None = None) -> None:
         self.agent_id = agent_id
         self.store = store
         self.roster = roster
         self.limits = limits or Limits()
+        self.counters = counters or Counters()
         self.installed: dict[str, tuple[int, int]] = {}  # peer -> (records, bytes) this episode
         self._table: dict[str, Callable[[str, object], Awaitable[dict[str, Any]]]] = {
             "heads": self._heads, "fetch": self._fetch, "install": self._install,
@@ -160,6 +162,9 @@ class Handlers:
                     f"install_bytes_per_peer {limits.install_bytes_per_peer})")
             installed = self.store.install_many(records)
             self.installed[peer] = (count, size)
+            counters = self.counters
+            counters.peak_install_records = max(counters.peak_install_records, count)
+            counters.peak_install_bytes = max(counters.peak_install_bytes, size)
             return {"installed": installed}
         return {"installed": self.store.install_many(records)}
 

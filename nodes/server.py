@@ -92,12 +92,15 @@ class DataPlaneServer:
             return None
         conn = _Conn()
         self.conns[conn] = None
+        self.counters.peak_connections = max(self.counters.peak_connections, len(self.conns))
         return conn
 
     def _admit_peer(self, conn: _Conn, peer: str) -> bool:
         conn.peer = peer
         same = sum(1 for c in self.conns if c.peer == peer and c is not conn)
         if same < self.limits.max_connections_per_peer:
+            counters = self.counters
+            counters.peak_peer_connections = max(counters.peak_peer_connections, same + 1)
             return True
         if self._evict_one(peer):
             return True

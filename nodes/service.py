@@ -45,7 +45,8 @@ class Service:
 
 
 async def watch_parent(parent_pid: int, shutdown: trio.Event) -> None:
-    """Shut down if the controller that started us is gone (we were re-parented).
+    """Shut down if the controller that started us is gone (we were re-parented, also
+    before this started: ``parent_pid`` comes from the controller's command line).
 
     (Not PR_SET_PDEATHSIG: trio starts children from a worker thread, and that signal
     fires when the *thread* exits.)

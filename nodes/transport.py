@@ -62,6 +62,12 @@ class Counters:
     rejected: int = 0
     refused: int = 0  # inbound connections refused or evicted by the connection caps
     rpc_timeouts: int = 0  # calls of this node's client that got no answer in time
+    # High-water marks against nodes.limits (what an honest campaign needs):
+    peak_connections: int = 0  # inbound connections open at once
+    peak_peer_connections: int = 0  # ... from one peer
+    peak_frame_objects: int = 0  # objects in one received body
+    peak_install_records: int = 0  # records one peer installed here this episode
+    peak_install_bytes: int = 0  # ... their content bytes
 
     def snapshot(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -132,7 +138,10 @@ class FramedStream:
         body = await self.receive_body()
         if body is None:
             return None
-        return wire.unpack(session.decrypt(body))
+        obj, objects = wire.unpack_counted(session.decrypt(body))
+        if objects > self._counters.peak_frame_objects:
+            self._counters.peak_frame_objects = objects
+        return obj
 
     async def aclose(self) -> None:
         await trio.aclose_forcefully(self.stream)

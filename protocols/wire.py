@@ -156,6 +156,12 @@ def pack(obj: Any, *, max_frame_bytes: int = MAX_FRAME_BYTES) -> bytes:
 
 def unpack(body: bytes, *, max_frame_bytes: int = MAX_FRAME_BYTES) -> Any:
     """Decode a peer's msgpack body under hard limits (see the rules above)."""
+    return unpack_counted(body, max_frame_bytes=max_frame_bytes)[0]
+
+
+def unpack_counted(body: bytes, *, max_frame_bytes: int = MAX_FRAME_BYTES
+                   ) -> tuple[Any, int]:
+    """:func:`unpack`, also returning how many objects the body held."""
     if len(body) > max_frame_bytes:
         raise RemoteProtocolError(f"body of {len(body)} bytes exceeds {max_frame_bytes}")
     containers = 0
@@ -179,15 +185,14 @@ def unpack(body: bytes, *, max_frame_bytes: int = MAX_FRAME_BYTES) -> Any:
     except Exception as exc:  # msgpack raises many types for garbage; all are the peer's
         raise RemoteProtocolError(f"malformed msgpack body: {type(exc).__name__}: {exc}") \
             from None
-    check_plain(obj)
-    return obj
+    return obj, check_plain(obj)
 
 
 class _TooManyObjects(Exception):
     pass
 
 
-def check_plain(obj: Any) -> None:
+def check_plain(obj: Any) -> int:
     """Reject extension values, non-str map keys, nesting deeper than MAX_DEPTH and
     bodies of more than MAX_OBJECTS objects (every container, key and scalar)."""
     stack: list[tuple[Any, int]] = [(obj, 0)]
@@ -212,3 +217,4 @@ def check_plain(obj: Any) -> None:
                 stack.append((value, depth + 1))
         else:
             raise RemoteProtocolError(f"value of type {type(item).__name__} not allowed")
+    return seen

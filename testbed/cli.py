@@ -172,6 +172,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from testbed.tools.bench_link import bench_link
 
         result = trio.run(bench_link, json_path, console)
+    elif args.bench_cmd == "limits":
+        if args.network != "loopback":
+            _require_root(f"bench limits --network {args.network}")
+        from testbed.tools.bench_limits import bench_limits
+
+        result = trio.run(lambda: bench_limits(
+            console, network=args.network, templates=args.templates,
+            policies=args.policies.split(",") if args.policies else ()))
+        if json_path is not None:
+            json_path.write_text(json.dumps(result, indent=2) + "\n")
+        return 0  # the table is printed
     else:
         from testbed.tools.bench_episode import bench_episode
 
@@ -248,9 +259,18 @@ def build_parser() -> argparse.ArgumentParser:
     bsub = p.add_subparsers(dest="bench_cmd", required=True, metavar="WHICH")
     for name, text in (("rpc", "owner-head RPC latency and install latency on loopback"),
                        ("link", "request/response over emulated links vs prediction"),
-                       ("episode", "PlanFence stall per action on loopback, fresh vs reuse")):
+                       ("episode", "PlanFence stall per action on loopback, fresh vs reuse"),
+                       ("limits", "the primary grid's peak connections, objects and installs "
+                                  "against the node limits")):
         b = bsub.add_parser(name, help=text)
         b.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+        if name == "limits":
+            b.add_argument("--network", default="loopback",
+                           help="network of the primary grid to run (default loopback)")
+            b.add_argument("--templates", type=_positive_int, default=1, metavar="N",
+                           help="templates per cell (default 1)")
+            b.add_argument("--policies", metavar="P1,P2",
+                           help="only these policies (default: every policy of primary)")
     p.set_defaults(func=cmd_bench)
     return parser
 

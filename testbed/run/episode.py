@@ -48,7 +48,13 @@ from testbed.host.ledger import Ledger
 from testbed.links.profiles import get_profile
 from testbed.net.topology import Topology, open_topology
 from testbed.run.contract import EpisodeAborted, EpisodeResult
-from testbed.run.team import NodeUnresponsive, Team, heartbeat_timeout_s, open_team
+from testbed.run.team import (
+    NodeDied,
+    NodeUnresponsive,
+    Team,
+    heartbeat_timeout_s,
+    open_team,
+)
 from testbed.run.verdict import HeadLog, build_head_log, judge_invalid
 from testbed.spec.campaign import Campaign, Cell, GroupKey, episode_key
 from testbed.spec.workload import Act, Plan, Schedule, Seed, Update
@@ -115,6 +121,10 @@ class TeamGroup:
             raise EpisodeAborted(str(unresponsive[0]))
         if failed:
             exc = failed[0]
+            dead = self.team.dead_members()
+            if dead and not isinstance(exc, NodeDied):  # a peer's failure was the symptom
+                raise EpisodeAborted(f"NodeDied: node {dead[0]} exited; first failure: "
+                                     f"{type(exc).__name__}: {exc}")
             raise EpisodeAborted(f"{type(exc).__name__}: {exc}")
         if deadline.cancelled_caught or not result:
             raise EpisodeAborted(f"episode timeout after {timeout_s:g} s")

@@ -51,7 +51,7 @@ log = logging.getLogger("testbed.run.team")
 T = TypeVar("T")
 STARTUP_TIMEOUT_S = 30.0
 SHUTDOWN_GRACE_S = 5.0
-HEARTBEAT_MIN_S = 2.0
+HEARTBEAT_MIN_S = 1.0
 OP_DEADLINE_MARGIN_S = 5.0
 #: Control ops that run no policy code: they get op_deadline_s.
 LOCAL_OPS = frozenset({"ping", "reset", "counters", "head_log", "configure"})
@@ -74,7 +74,7 @@ class NodeUnresponsive(RunFailure):
 
 def heartbeat_timeout_s(rpc_timeout_s: float) -> float:
     """How long a live node may take to answer a ping: half the RPC timeout (so a frozen
-    node is found before the RPCs to it time out), at least 2 s."""
+    node is found before the RPCs to it time out), at least 1 s."""
     return max(HEARTBEAT_MIN_S, rpc_timeout_s / 2)
 
 
@@ -176,6 +176,12 @@ class Team:
         """The process id of a member's node (fault injection and tests), None if gone."""
         process = self._nodes[agent].process
         return None if process is None or process.returncode is not None else process.pid
+
+    def dead_members(self) -> list[str]:
+        """Members whose process has exited (a failure's first suspect)."""
+        return [a for a, n in self._nodes.items()
+                if n.returncode is not None
+                or (n.process is not None and n.process.returncode is not None)]
 
     def log_path(self, agent: str) -> Path:
         return self._nodes[agent].log_path
@@ -327,7 +333,7 @@ class Team:
                          task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
                          ) -> None:
         cmd = [sys.executable, "-m", "nodes", "--control", node.control_path,
-               "--log-level", "info"]
+               "--log-level", "info", "--parent-pid", str(os.getpid())]
         for module in self.plugins:
             cmd += ["--plugin", module]
         if node.netns is not None:
@@ -346,7 +352,7 @@ class Team:
             if self.ledger is not None and node.process is not None:
                 self.ledger.forget_process(node.process.pid)
         node.returncode = node.process.returncode
-        if not self._closing:
+        if not self._closing and not node.unresponsive:
             log.error("node %s exited unexpectedly with code %s", node.agent, node.returncode)
 
     async def _wait_ready(self, node: _Node) -> None:

@@ -32,7 +32,7 @@ from testbed.spec.workload import Schedule
 #: What an injector gets: the live group, the agent to hit, the trial's RNG, and a
 #: nursery for what must happen later (it lives as long as the group).
 Injector = Callable[[TeamGroup, str, random.Random, trio.Nursery], Awaitable[None]]
-STOP_S = 3.0  # SIGSTOP this long: above the 2 s heartbeat timeout of rpc_timeout_s = 2
+STOP_S = 3.0  # SIGSTOP this long: well above the 1 s heartbeat timeout of rpc_timeout_s = 2
 
 
 @dataclass

@@ -43,7 +43,8 @@ from rich.console import Console
 from rich.table import Table
 
 from testbed.errors import HostError, UserError
-from testbed.host.ledger import open_run_ledger
+from testbed.host.ledger import open_run_ledger, run_state_dir
+from testbed.host.processes import same_process
 from testbed.run.episode import EpisodeRunner
 from testbed.run.loop import run_campaign
 from testbed.spec.parse import parse_campaign
@@ -182,6 +183,7 @@ def _controller_kill(trials: int, seed: int, scratch: Path) -> dict[str, Any]:
         time.sleep(rng.uniform(1.5, 4.0))  # python start-up, group, a few episodes
         child.kill()
         child.wait()
+        pids = _recorded_processes(out)  # the killed run's nodes; --resume must stop them
         resumed = subprocess.run([*cmd, "--resume"], capture_output=True, text=True,
                                  timeout=300, check=False)
         if resumed.returncode != 0:
@@ -195,13 +197,29 @@ def _controller_kill(trials: int, seed: int, scratch: Path) -> dict[str, Any]:
         for key in ("completed", "aborted", "lost", "duplicated"):
             totals[key] += int(counts[key])
         reasons.update(counts["reasons"])
+        totals["processes_left"] += sum(1 for pid, ticks in pids if same_process(pid, ticks))
         if not actions.empty:  # each action once, and PlanFence never releases invalid
             totals["duplicated"] += int(actions.duplicated(["episode", "action"]).sum())
             totals["wrongly_judged"] += int(actions["invalid"].sum())
     return {"trials": trials, "completed": totals["completed"], "aborted": totals["aborted"],
             "aborted_right_reason": 0, "lost": totals["lost"],
             "duplicated": totals["duplicated"], "wrongly_judged": totals["wrongly_judged"],
-            "reasons": dict(reasons), "episodes": expected_total}
+            "reasons": dict(reasons), "episodes": expected_total,
+            "processes_left": totals["processes_left"]}
+
+
+def _recorded_processes(out: Path) -> list[tuple[int, int | None]]:
+    """Node processes recorded in the ledgers of runs on ``out``."""
+    found = []
+    for path in run_state_dir().glob("tb*.json"):
+        try:
+            body = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if body.get("label") == str(out.absolute()):
+            found += [(int(e["pid"]), e.get("start_ticks")) for e in body.get("entries", [])
+                      if e.get("kind") == "process"]
+    return found
 
 
 def _toml(raw: dict[str, Any]) -> str:
@@ -262,6 +280,7 @@ def _run_kinds(kinds: Sequence[str], trials: int, seed: int, scratch: Path,
         live = rejections = namespaces = 0  # controller_kill runs on loopback: no netns
         if kind == "controller_kill":
             counts = _controller_kill(trials, seed, scratch)
+            live = int(counts["processes_left"])
         else:
             counts, live, namespaces, rejections = trio.run(
                 _in_process, kind, trials, seed, scratch,
