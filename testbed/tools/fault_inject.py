@@ -23,7 +23,7 @@ from typing import Any
 
 import trio
 
-from testbed.host.processes import process_start_ticks, same_process
+from testbed.host.processes import is_running, process_start_ticks
 from testbed.run.contract import EpisodeResult
 from testbed.run.episode import EpisodeRunner, TeamGroup
 from testbed.spec.campaign import Cell, GroupKey
@@ -46,7 +46,7 @@ class Tally:
     topology_prefixes: set[str] = field(default_factory=set)
 
     def live_processes(self) -> int:
-        return sum(1 for pid, ticks in self.pids if same_process(pid, ticks))
+        return sum(1 for pid, ticks in self.pids if is_running(pid, ticks))
 
 
 async def kill_node(group: TeamGroup, agent: str, rng: random.Random,

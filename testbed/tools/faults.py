@@ -44,7 +44,7 @@ from rich.table import Table
 
 from testbed.errors import HostError, UserError
 from testbed.host.ledger import open_run_ledger, run_state_dir
-from testbed.host.processes import same_process
+from testbed.host.processes import is_running
 from testbed.run.episode import EpisodeRunner
 from testbed.run.loop import run_campaign
 from testbed.spec.parse import parse_campaign
@@ -197,7 +197,7 @@ def _controller_kill(trials: int, seed: int, scratch: Path) -> dict[str, Any]:
         for key in ("completed", "aborted", "lost", "duplicated"):
             totals[key] += int(counts[key])
         reasons.update(counts["reasons"])
-        totals["processes_left"] += sum(1 for pid, ticks in pids if same_process(pid, ticks))
+        totals["processes_left"] += sum(1 for pid, ticks in pids if is_running(pid, ticks))
         if not actions.empty:  # each action once, and PlanFence never releases invalid
             totals["duplicated"] += int(actions.duplicated(["episode", "action"]).sum())
             totals["wrongly_judged"] += int(actions["invalid"].sum())
