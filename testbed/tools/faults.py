@@ -27,6 +27,7 @@ import io
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -120,12 +121,19 @@ def _tables(out: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     return episodes, actions
 
 
+def _reason_kind(reason: str) -> str:
+    """An abort reason without agent names and details: ``NodeOpError: plan: RpcTimeout``."""
+    parts = [p for p in reason.split(": ")
+             if not re.fullmatch(r"a\d+|central|node \w+ exited; first failure", p)]
+    return ": ".join(p.split(" ")[0] if i else p for i, p in enumerate(parts[:3]))
+
+
 def _count(kind: str, episodes: pd.DataFrame, expected_keys: set[str]) -> dict[str, Any]:
     keys = Counter(episodes["episode"])
     aborted = episodes[episodes["aborted"]]
     want = EXPECTED[kind]
     right = sum(1 for r in aborted["abort_reason"] if any(w in str(r) for w in want))
-    reasons = Counter(str(r).split(":")[0][:40] for r in aborted["abort_reason"])
+    reasons = Counter(_reason_kind(str(r)) for r in aborted["abort_reason"])
     return {"trials": len(expected_keys), "completed": int((~episodes["aborted"]).sum()),
             "aborted": len(aborted), "aborted_right_reason": right,
             "lost": len(expected_keys - set(keys)),

@@ -135,6 +135,7 @@ async def test_handshake_from_another_episode_is_refused(team: Team) -> None:
 
 
 async def test_connections_of_the_previous_episode_are_closed_at_reset(team: Team) -> None:
+    port = team.roster.members[TARGET].port
     async with open_rpc_client(identity=team.identity("probe"), roster=team.roster,
                                connection="reuse", counters=Counters()) as client:
         await client.call(TARGET, "versions", {"keys": ["k000"]})
@@ -142,6 +143,7 @@ async def test_connections_of_the_previous_episode_are_closed_at_reset(team: Tea
         with pytest.raises((PeerUnavailable, RemoteProtocolError)):
             with trio.fail_after(5):
                 await client.call(TARGET, "versions", {"keys": ["k000"]})
+    assert team.roster.members[TARGET].port == port  # the listener kept its port
 
 
 # --- connection limits ------------------------------------------------------------------------
