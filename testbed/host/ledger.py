@@ -297,7 +297,9 @@ class Ledger:
         """Remove everything recorded, newest first; returns what was removed.
 
         Keeps going after a failure and raises the first one at the end, so one stuck
-        object does not leak the others.
+        object does not leak the others; an entry that could not be undone stays
+        recorded (a later `clean` retries it; a version that does not know its kind
+        leaves it to one that does).
         """
         removed: list[str] = []
         first_error: BaseException | None = None
@@ -309,6 +311,7 @@ class Ledger:
                     removed.append(_describe(entry))
             except Exception as exc:
                 first_error = first_error or exc
+                continue
             with self._lock:
                 self.entries.remove(entry)
                 self._save()
@@ -373,6 +376,7 @@ def clean_dead_runs(state_dir: Path, *, label: str | None = None) -> list[str]:
     """Undo the ledgers in ``state_dir`` whose owner is dead (only those with ``label``
     if given: ``--resume`` cleans what a killed run on the same directory left)."""
     removed: list[str] = []
+    first_error: BaseException | None = None
     if not state_dir.is_dir():
         return removed
     for path in sorted(state_dir.glob("tb*.json")):
@@ -382,9 +386,15 @@ def clean_dead_runs(state_dir: Path, *, label: str | None = None) -> list[str]:
             continue  # not a ledger this version can read: leave it alone
         if ledger.owner_alive() or (label is not None and ledger.label != label):
             continue  # a live run owns it, or another run's
-        removed.extend(ledger.teardown())
+        try:
+            removed.extend(ledger.teardown())
+        except Exception as exc:  # keep cleaning the others; what failed stays recorded
+            first_error = first_error or exc
+            continue
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
+    if first_error is not None:
+        raise first_error
     return removed
 
 
