@@ -30,6 +30,7 @@ from nodes.transport import (
     error_body,
     pack_body,
     parse_request,
+    set_congestion_control,
     set_nodelay,
 )
 from protocols.auth import HANDSHAKE1_MAX_BYTES, ChannelResponder, Session
@@ -232,12 +233,14 @@ async def serve_data_plane(*, host: str, port: int, server: DataPlaneServer | No
                            limits: Limits | None = None,
                            handshake_timeout_s: float | None = None,
                            max_in_flight: int | None = None,
+                           congestion_control: str | None = None,
                            task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
                            ) -> None:
     """Serve authenticated RPCs until cancelled; ``task_status.started(bound_port)``.
 
     Pass a ready :class:`DataPlaneServer` (the node does, to rekey it later) or the
     pieces to build one (``handshake_timeout_s``/``max_in_flight`` override ``limits``).
+    ``congestion_control`` is set on the listeners (accepted connections inherit it).
     """
     if server is None:
         if identity is None or roster is None or handler is None or counters is None:
@@ -253,6 +256,8 @@ async def serve_data_plane(*, host: str, port: int, server: DataPlaneServer | No
                                  limits=(limits or Limits()).override(changes))
     listeners = await trio.open_tcp_listeners(port, host=host)
     try:
+        for listener in listeners:
+            set_congestion_control(listener.socket, congestion_control)
         bound_port: int = listeners[0].socket.getsockname()[1]
         async with trio.open_nursery() as nursery:
             for listener in listeners:

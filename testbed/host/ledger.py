@@ -45,17 +45,19 @@ from testbed.host.kernel import (
     sysctl_path,
 )
 from testbed.host.processes import process_start_ticks, same_process, stop_process
+from testbed.host.userns import in_user_namespace, outer_uid
 
 STATE_DIR = Path("/run/planfence-testbed")
 TMPDIR_KINDS = ("planfence", "pft-ctl")  # node stores and logs; control sockets
 
 
 def run_state_dir() -> Path:
-    """Where this user's run ledgers live: STATE_DIR for root, else a private
-    directory under the temp root (loopback runs need no root)."""
-    if os.geteuid() == 0:
+    """Where this user's run ledgers live: STATE_DIR for root, else a directory of the
+    user's under the temp root (loopback runs need no root; a rootless run's /run is
+    a private tmpfs that vanishes with it, while its temporary directories do not)."""
+    if os.geteuid() == 0 and not in_user_namespace():
         return STATE_DIR
-    return Path(tempfile.gettempdir()) / f"planfence-testbed-{os.getuid()}"
+    return Path(tempfile.gettempdir()) / f"planfence-testbed-{outer_uid()}"
 
 
 def new_prefix() -> str:

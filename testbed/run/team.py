@@ -149,6 +149,7 @@ class Team:
     owners: dict[str, str]
     probes: tuple[str, ...] = ()
     plugins: tuple[str, ...] = ()
+    congestion_control: str | None = None  # set per socket by the nodes (rootless runs)
     limits: dict[str, Any] = field(default_factory=dict)
     ledger: Ledger | None = None
     roster: Roster = field(init=False)
@@ -320,7 +321,9 @@ class Team:
                 "roster": self.roster.to_wire(), "connection": self.connection,
                 "policy": self.policy, "rpc_timeout_s": self.rpc_timeout_s,
                 "durability": self.durability, "store_path": str(node.store_path),
-                "limits": dict(self.limits)}
+                "limits": dict(self.limits),
+                **({"congestion_control": self.congestion_control}
+                   if self.congestion_control else {})}
 
     async def _configure_all(self) -> None:
         async def one(node: _Node) -> None:
@@ -405,6 +408,7 @@ async def open_team(*, agents: Sequence[str], central: bool,
                     owners: Mapping[str, str] | None = None,
                     probes: Sequence[str] = (),
                     plugins: Sequence[str] = (),
+                    congestion_control: str | None = None,
                     limits: Mapping[str, Any] | None = None,
                     ledger: Ledger | None = None) -> AsyncIterator[Team]:
     """Start and configure a team of node processes; stop them all on exit.
@@ -429,7 +433,7 @@ async def open_team(*, agents: Sequence[str], central: bool,
             raise ValueError(f"hosts: no entry for {name!r}")
     team = Team(list(agents), central, campaign_seed, connection, policy, durability,
                 float(rpc_timeout_s), dict(owners or key_owners(agents, 8)), tuple(probes),
-                tuple(plugins), dict(limits or {}), ledger)
+                tuple(plugins), congestion_control, dict(limits or {}), ledger)
     workdir = Path(workdir)
     _make_dirs(workdir / "logs", workdir / "stores")
     # Short: Unix socket paths are < 108 bytes.
