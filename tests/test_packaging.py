@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import tomllib
 from pathlib import Path
 
@@ -59,17 +57,12 @@ def test_the_lock_pins_every_dependency() -> None:
 
 
 @pytest.mark.slow
-def test_wheel_installs_into_an_empty_venv_and_runs(tmp_path: Path,
-                                                    request: pytest.FixtureRequest) -> None:
+def test_wheel_installs_into_an_empty_venv_and_runs(tmp_path: Path) -> None:
     dist = tmp_path / "dist"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist),
                     str(ROOT)], check=True, capture_output=True, timeout=600)
     wheel = next(dist.glob("planfence_testbed-*.whl"))
-    # A short path: `traces list` prints where the traces live, and a long pytest temp
-    # path (the counter grows on a machine that ran pytest often) gets truncated.
-    short = Path(tempfile.mkdtemp(prefix="pfw-"))
-    request.addfinalizer(lambda: shutil.rmtree(short, ignore_errors=True))
-    venv = short / "v"
+    venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "-c",
                     str(ROOT / "requirements.lock"), str(wheel)],
