@@ -125,6 +125,8 @@ def _reason_kind(reason: str) -> str:
     """An abort reason without agent names and details: ``NodeOpError: plan: RpcTimeout``."""
     parts = [p for p in reason.split(": ")
              if not re.fullmatch(r"a\d+|central|node \w+ exited; first failure", p)]
+    if parts[0] in ("NodeDied", "node_unresponsive"):
+        return parts[0]  # the rest names the node and what the controller saw
     return ": ".join(p.split(" ")[0] if i else p for i, p in enumerate(parts[:3]))
 
 
