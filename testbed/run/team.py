@@ -45,6 +45,7 @@ from protocols.errors import RemoteProtocolError
 from protocols.identity import CENTRAL_ID, Identity, Member, Roster
 from testbed.errors import RunFailure
 from testbed.host.ledger import Ledger
+from testbed.host.processes import is_running
 
 log = logging.getLogger("testbed.run.team")
 
@@ -182,7 +183,8 @@ class Team:
         """Members whose process has exited (a failure's first suspect)."""
         return [a for a, n in self._nodes.items()
                 if n.returncode is not None
-                or (n.process is not None and n.process.returncode is not None)]
+                or (n.process is not None and (n.process.poll() is not None
+                                               or not is_running(n.process.pid, None)))]
 
     def log_path(self, agent: str) -> Path:
         return self._nodes[agent].log_path

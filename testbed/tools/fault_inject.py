@@ -172,7 +172,7 @@ class _FaultyGroup:
             team.call = real_call  # type: ignore[method-assign]
             if runner.after_episode is not None:
                 runner.after_episode()
-        for row in result.actions:
+        for row in result.actions:  # (an aborted episode raised above: no rows to judge)
             if bool(row["invalid"]) != oracle.get(str(row["action"]), False):
                 runner.tally.wrongly_judged += 1
         counters = await team.counters()
