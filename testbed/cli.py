@@ -122,6 +122,7 @@ def cmd_traces(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     import trio
 
+    from testbed.host.ledger import Ledger, clean_dead_runs, open_run_ledger, run_state_dir
     from testbed.run.episode import EpisodeRunner
     from testbed.run.loop import run_campaign
     from testbed.spec.parse import load_campaign
@@ -138,10 +139,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     if shaped and (cluster is None or cluster.startswith("local:")):
         _require_namespaces(f"campaign {campaign.name!r} (non-loopback networks)")
     console = _console()
+    label = str(Path(out).absolute())
+    if args.resume or args.extend:  # what a killed run on this directory left behind
+        for item in clean_dead_runs(run_state_dir(), label=label):
+            console.print(f"removed {item} (left by an interrupted run)")
 
-    async def main() -> None:
+    async def main(ledger: Ledger) -> None:
         if cluster is None:
-            runner = EpisodeRunner(campaign, workdir_root=workdir, backend=args.backend)
+            runner = EpisodeRunner(campaign, workdir_root=workdir, backend=args.backend,
+                                   ledger=ledger)
             await run_campaign(campaign, out, resume=args.resume, extend=args.extend,
                                jobs=jobs, runner=runner, console=console)
             return
@@ -153,7 +159,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             await run_campaign(campaign, out, resume=args.resume, extend=args.extend,
                                engine=engine, console=console)
 
-    trio.run(main)
+    with open_run_ledger(label) as ledger:
+        trio.run(main, ledger)
     console.print(f"results: {out}")
     return 0
 
@@ -179,15 +186,31 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_clean(args: argparse.Namespace) -> int:
-    _require_root("clean")
-    from testbed.host.ledger import clean_all
+    from testbed.host.ledger import STATE_DIR, clean_all, run_state_dir
 
-    removed = clean_all()
+    # Root cleans every dead run's ledger; another user the ledgers of their own
+    # loopback and rootless runs (temporary directories and node processes).
+    removed = clean_all() if os.geteuid() == 0 else []
+    if run_state_dir() != STATE_DIR:
+        removed += clean_all(run_state_dir())
     console = _console()
     for item in removed:
         console.print(f"removed {item}")
     if not removed:
         console.print("nothing to clean")
+    return 0
+
+
+def cmd_faults(args: argparse.Namespace) -> int:
+    _require_root("faults")
+    from testbed.tools.faults import KINDS, render, run_faults, write_json
+
+    kinds = [k.strip() for k in args.kinds.split(",")] if args.kinds else list(KINDS)
+    console = _console()
+    results = run_faults(kinds=kinds, trials=args.trials, seed=args.seed, console=console)
+    render(results, console)
+    if args.json:
+        write_json(results, Path(args.json))
     return 0
 
 
@@ -208,6 +231,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from testbed.tools.bench_link import bench_link
 
         result = trio.run(bench_link, json_path, console)
+    elif args.bench_cmd == "limits":
+        if args.network != "loopback":
+            _require_root(f"bench limits --network {args.network}")
+        from testbed.tools.bench_limits import bench_limits
+
+        result = trio.run(lambda: bench_limits(
+            console, network=args.network, templates=args.templates,
+            policies=args.policies.split(",") if args.policies else ()))
+        if json_path is not None:
+            json_path.write_text(json.dumps(result, indent=2) + "\n")
+        return 0  # the table is printed
     else:
         from testbed.tools.bench_episode import bench_episode
 
@@ -287,13 +321,31 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("clean", help="remove namespaces, links and processes left by crashed runs")
     p.set_defaults(func=cmd_clean)
 
+    p = sub.add_parser("faults", help="the fault suite: kill, freeze, partition, corrupt, "
+                                      "fill the disk; results for docs/reliability.md")
+    p.add_argument("--trials", type=_positive_int, default=20, metavar="N",
+                   help="episodes (one fault each) per fault kind (default 20)")
+    p.add_argument("--kinds", metavar="K1,K2", help="only these fault kinds (default all)")
+    p.add_argument("--seed", type=int, default=1, help="seed of the fault points (default 1)")
+    p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    p.set_defaults(func=cmd_faults)
+
     p = sub.add_parser("bench", help="benchmarks (figures go to docs/benchmarks.md)")
     bsub = p.add_subparsers(dest="bench_cmd", required=True, metavar="WHICH")
     for name, text in (("rpc", "owner-head RPC latency and install latency on loopback"),
                        ("link", "request/response over emulated links vs prediction"),
-                       ("episode", "PlanFence stall per action on loopback, fresh vs reuse")):
+                       ("episode", "PlanFence stall per action on loopback, fresh vs reuse"),
+                       ("limits", "the primary grid's peak connections, objects and installs "
+                                  "against the node limits")):
         b = bsub.add_parser(name, help=text)
         b.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+        if name == "limits":
+            b.add_argument("--network", default="loopback",
+                           help="network of the primary grid to run (default loopback)")
+            b.add_argument("--templates", type=_positive_int, default=1, metavar="N",
+                           help="templates per cell (default 1)")
+            b.add_argument("--policies", metavar="P1,P2",
+                           help="only these policies (default: every policy of primary)")
     p.set_defaults(func=cmd_bench)
     return parser
 

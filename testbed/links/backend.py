@@ -29,6 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from testbed.errors import HostError
+
 BACKEND_CHOICES = ("auto", "userspace", "netem")
 """What a user may ask for (a campaign's ``options.backend``, ``--backend``)."""
 NO_BACKEND = "none"
@@ -57,6 +59,17 @@ class LinkBackend(Protocol):
     async def statistics(self) -> dict[str, float]: ...
 
     async def clear_statistics(self) -> None: ...
+
+    async def fault(self, host: str, kind: str, *, seconds: float, rate: float = 1.0
+                    ) -> dict[str, int]:
+        """Start fault KIND (``testbed.links.model.FAULT_KINDS``) on the packets from or
+        to HOST for SECONDS; returns the packets faulted so far per kind. A backend
+        that cannot raises FaultUnsupported (one line)."""
+        ...
+
+
+class FaultUnsupported(HostError):
+    """This link backend cannot inject that fault."""
 
 
 @dataclass(frozen=True)

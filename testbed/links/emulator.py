@@ -122,7 +122,7 @@ def _build_core(msg: dict[str, Any]) -> tuple[EmulatorCore, list[int]]:
         down = queue(int(h["down"]), seed * 1000 + 2 * i + 1)
         hosts.append(HostLinks(h["name"], socket.inet_aton(h["address"]), up, down))
         fds.append(int(h["fd"]))
-    return EmulatorCore(hosts), fds
+    return EmulatorCore(hosts, seed=seed), fds
 
 
 def _try_realtime(priority: int) -> bool:
@@ -175,12 +175,25 @@ def _handle(st: _State, msg: dict[str, Any]) -> dict[str, Any] | None:
             "lateness_bin_us": _LATE_BIN_US,
             "realtime": st.realtime,
             "lateness": st.lateness,
+            "faulted": dict(st.core.faulted),
         }
     if op == "clear_lateness":
         st.lateness = [0] * len(st.lateness)
         return {"ok": True}
+    if op == "fault":
+        names = [h.name for h in st.core.hosts]
+        if msg.get("host") not in names:
+            return {"ok": False, "error": f"host: {msg.get('host')!r} not one of "
+                    f"{', '.join(names)}"}
+        try:
+            st.core.add_fault(str(msg.get("kind")), names.index(msg["host"]),
+                              now_ms=_now_ms(), seconds=float(msg.get("seconds", 0)),
+                              rate=float(msg.get("rate", 1.0)))
+        except (TypeError, ValueError) as exc:
+            return {"ok": False, "error": str(exc)}
+        return {"ok": True, "faulted": dict(st.core.faulted)}
     return {"ok": False, "error": f"op: {op!r} is not one of configure, restart, "
-            "counters, clear_lateness, stop"}
+            "counters, clear_lateness, fault, stop"}
 
 
 def _release(st: _State, core: EmulatorCore, spin_ms: float) -> float | None:

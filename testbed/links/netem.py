@@ -40,7 +40,7 @@ import trio
 
 from testbed.host.kernel import KernelError, kernel_call
 from testbed.host.ledger import Ledger, scratch_ledger
-from testbed.links.backend import LinkHost, ProbeResult
+from testbed.links.backend import FaultUnsupported, LinkHost, ProbeResult
 from testbed.links.netem_plan import (
     DEFAULT_INTERVAL_MS,
     ZERO_RATE_FLOOR_KBIT,
@@ -309,6 +309,11 @@ class NetemBackend:
     async def statistics(self) -> dict[str, float]:
         """The kernel keeps no lateness to report; nothing (rule 3 of links.backend)."""
         return {}
+
+    async def fault(self, host: str, kind: str, *, seconds: float, rate: float = 1.0
+                    ) -> dict[str, int]:
+        raise FaultUnsupported(f"fault {kind!r}: the netem backend injects no faults; "
+                               "use --backend userspace")
 
     async def clear_statistics(self) -> None:
         await trio.lowlevel.checkpoint()

@@ -93,6 +93,13 @@ class EmulatorHandle:
         reply = await self.request({"op": "counters"})
         return {str(k): dict(v) for k, v in reply["counters"].items()}
 
+    async def fault(self, host: str, kind: str, *, seconds: float, rate: float = 1.0
+                    ) -> dict[str, int]:
+        """Start fault KIND (testbed.links.model.FAULT_KINDS) on HOST's packets."""
+        reply = await self.request({"op": "fault", "host": host, "kind": kind,
+                                    "seconds": seconds, "rate": rate})
+        return {str(k): int(v) for k, v in reply["faulted"].items()}
+
     async def statistics(self) -> dict[str, float]:
         """Emulator health: unroutable packets, failed writes, write lateness percentiles."""
         reply = await self.request({"op": "counters"})
@@ -193,6 +200,10 @@ class UserspaceLinks:
 
     async def clear_statistics(self) -> None:
         await self.emulator.clear_lateness()
+
+    async def fault(self, host: str, kind: str, *, seconds: float, rate: float = 1.0
+                    ) -> dict[str, int]:
+        return await self.emulator.fault(host, kind, seconds=seconds, rate=rate)
 
 
 def _setup_tun(ledger: Ledger, host: LinkHost, ifname: str) -> int:

@@ -25,12 +25,13 @@ EPISODE_ID_COLUMNS: tuple[str, ...] = ("episode", "family", "template", "schedul
 #: Per protected action, written by the runner (every one required).
 RUNNER_ACTION_FIELDS: tuple[str, ...] = (
     "action", "outcome", "invalid", "complete", "replans", "stall_ms", "bytes", "connections",
-    "block_reason",
+    "block_reason", "rpc_timeouts",
 )
 #: Per episode, written by the runner (every one required for a completed episode).
 RUNNER_EPISODE_FIELDS: tuple[str, ...] = (
     "stall_ms_per_action", "stall_action_ms", "stall_barrier_ms", "stall_commit_ms",
     "kib_per_action", "connections", "link_bytes", "wall_s", "congestion_control",
+    "rpc_timeouts",
 )
 
 _CELL_TYPES: dict[str, pa.DataType] = {
@@ -46,6 +47,7 @@ _ACTION_TYPES: dict[str, pa.DataType] = {
     "action": pa.string(), "outcome": pa.string(), "invalid": pa.bool_(),
     "complete": pa.bool_(), "replans": pa.int64(), "stall_ms": pa.float64(),
     "bytes": pa.int64(), "connections": pa.int64(), "block_reason": pa.string(),
+    "rpc_timeouts": pa.int64(),
 }
 _EPISODE_TYPES: dict[str, pa.DataType] = {
     "seed": pa.int64(), "scheduled_actions": pa.int64(), "attempted_actions": pa.int64(),
@@ -54,7 +56,7 @@ _EPISODE_TYPES: dict[str, pa.DataType] = {
     "stall_barrier_ms": pa.float64(), "stall_commit_ms": pa.float64(),
     "kib_per_action": pa.float64(), "connections": pa.int64(), "link_bytes": pa.int64(),
     "wall_s": pa.float64(), "congestion_control": pa.string(),
-    "worker": pa.string(),
+    "worker": pa.string(), "rpc_timeouts": pa.int64(),
 }
 ACTION_SCHEMA = pa.schema([*(pa.field(c, _CELL_TYPES[c]) for c in _CELL_TYPES),
                            *(pa.field(c, t) for c, t in _ACTION_TYPES.items())])

@@ -19,6 +19,12 @@ Rules this module obeys:
    recorded input of some declared key differs from the owner's head at the instant
    the action was issued (both on CLOCK_MONOTONIC, which is system wide).
 5. A node failure or a timeout aborts the episode (EpisodeAborted); nothing is imputed.
+6. Liveness: while an episode runs, every node's control plane is pinged on a second
+   connection; a node that does not answer within ``heartbeat_timeout_s`` (derived
+   from the campaign's ``rpc_timeout_s``) aborts the episode with reason
+   ``node_unresponsive``, so the time a frozen node costs is never measured as stall.
+   An RPC timeout inside an episode that finishes is recorded per action and per
+   episode (``rpc_timeouts``), so a report can tell network loss from policy cost.
 """
 
 from __future__ import annotations
@@ -38,12 +44,19 @@ import trio
 from protocols.errors import ProtocolError
 from protocols.policies import describe_policy
 from testbed.errors import RunFailure
+from testbed.host.ledger import Ledger
 from testbed.links.profiles import get_profile
 from testbed.net.topology import Topology, open_topology
 from testbed.run.contract import EpisodeAborted, EpisodeResult
-from testbed.run.team import Team, open_team
+from testbed.run.team import (
+    NodeDied,
+    NodeUnresponsive,
+    Team,
+    heartbeat_timeout_s,
+    open_team,
+)
 from testbed.run.verdict import HeadLog, build_head_log, judge_invalid
-from testbed.spec.campaign import Campaign, Cell, GroupKey
+from testbed.spec.campaign import Campaign, Cell, GroupKey, episode_key
 from testbed.spec.workload import Act, Plan, Schedule, Seed, Update
 
 
@@ -75,20 +88,54 @@ class TeamGroup:
         return self.topo.describe()
 
     async def run_episode(self, cell: Cell, schedule: Schedule) -> EpisodeResult:
+        """Run one episode while watching every node's control plane (rule 6)."""
         timeout_s = self.campaign.options.episode_timeout_s
-        try:
-            with trio.fail_after(timeout_s):
-                return await self._run(cell, schedule)
-        except trio.TooSlowError:
-            raise EpisodeAborted(f"episode timeout after {timeout_s:g} s") from None
-        except (RunFailure, ProtocolError) as exc:  # a node died or refused an operation
-            raise EpisodeAborted(f"{type(exc).__name__}: {exc}") from None
+        heartbeat_s = heartbeat_timeout_s(self.campaign.options.rpc_timeout_s)
+        result: list[EpisodeResult] = []
+        failed: list[BaseException] = []
+        unresponsive: list[NodeUnresponsive] = []
+        with trio.move_on_after(timeout_s) as deadline:
+            async with trio.open_nursery() as nursery:
+                async def body() -> None:
+                    try:
+                        result.append(await self._run(cell, schedule))
+                    except (RunFailure, ProtocolError) as exc:  # a node died or refused
+                        failed.append(exc)
+                    finally:
+                        nursery.cancel_scope.cancel()
+
+                async def watch() -> None:
+                    try:
+                        await self.team.watch_liveness(timeout_s=heartbeat_s)
+                    except NodeUnresponsive as exc:
+                        unresponsive.append(exc)
+                        nursery.cancel_scope.cancel()
+
+                nursery.start_soon(body)
+                nursery.start_soon(watch)
+        if failed and not unresponsive:  # was it a frozen node behind that failure?
+            frozen = await self.team.unresponsive(timeout_s=heartbeat_s)
+            if frozen is not None:
+                unresponsive.append(frozen)
+        if unresponsive:
+            raise EpisodeAborted(str(unresponsive[0]))
+        if failed:
+            exc = failed[0]
+            dead = self.team.dead_members()
+            if dead and not isinstance(exc, NodeDied):  # a peer's failure was the symptom
+                raise EpisodeAborted(f"NodeDied: node {dead[0]} exited; first failure: "
+                                     f"{type(exc).__name__}: {exc}")
+            raise EpisodeAborted(f"{type(exc).__name__}: {exc}")
+        if deadline.cancelled_caught or not result:
+            raise EpisodeAborted(f"episode timeout after {timeout_s:g} s")
+        return result[0]
 
     async def _run(self, cell: Cell, schedule: Schedule) -> EpisodeResult:
         team, topo = self.team, self.topo
         started = time.monotonic()
         await team.reset_all(policy=cell.policy, connection=cell.connection,
-                             owners=schedule.owners)
+                             owners=schedule.owners,
+                             episode=episode_key(cell, schedule.template))
         async def seed_key(seed: Seed) -> None:
             await team.call(seed.owner, "seed", key=seed.key, content=seed.content,
                             rtype=seed.rtype)
@@ -169,6 +216,7 @@ class TeamGroup:
                 "stall_ms": float(reply["stall_ms"]), "bytes": int(reply["bytes"]),
                 "connections": int(reply["connections"]),
                 "block_reason": str(reply.get("block_reason") or ""),
+                "rpc_timeouts": int(reply.get("rpc_timeouts") or 0),
             })
         attempted = max(len(acts), 1)
         sent = sum(int(c.get("bytes_sent", 0)) for c in counters.values())
@@ -187,6 +235,7 @@ class TeamGroup:
             "link_bytes": link_bytes,
             "wall_s": wall_s,
             "congestion_control": str(self.topo.describe().get("congestion_control", "")),
+            "rpc_timeouts": sum(int(c.get("rpc_timeouts", 0)) for c in counters.values()),
         }
         return EpisodeResult(actions=rows, episode=episode)
 
@@ -195,9 +244,12 @@ class EpisodeRunner:
     """Builds a topology and a team per group of cells (the campaign's Runner)."""
 
     def __init__(self, campaign: Campaign, *, workdir_root: Path | None = None,
-                 backend: str | None = None) -> None:
+                 backend: str | None = None, ledger: Ledger | None = None) -> None:
         self.campaign = campaign
         self.workdir_root = workdir_root
+        #: The run's ledger: every temporary directory is recorded in it before it is
+        #: made (without one, e.g. in tests, plain mkdtemp directories).
+        self.ledger = ledger
         self.backend = backend or campaign.options.backend
         self.groups: list[TeamGroup] = []
 
@@ -211,7 +263,9 @@ class EpisodeRunner:
         # The workload names the agents and owns the keys; the team follows it.
         first_schedule = self.campaign.schedule(first, self.campaign.templates[0])
         agents = list(first_schedule.agents)
-        workdir = Path(tempfile.mkdtemp(prefix="planfence-", dir=self.workdir_root))
+        ledger = self.ledger
+        workdir = (ledger.new_tmpdir("planfence", self.workdir_root) if ledger is not None
+                   else Path(tempfile.mkdtemp(prefix="planfence-", dir=self.workdir_root)))
         try:
             async with open_topology(profile, agents, central=key.central,
                                      trace_offset_s=key.trace_offset_s,
@@ -222,11 +276,14 @@ class EpisodeRunner:
                                      connection=first.connection, policy=first.policy,
                                      durability=options.durability,
                                      rpc_timeout_s=options.rpc_timeout_s,
-                                     owners=first_schedule.owners,
+                                     owners=first_schedule.owners, ledger=ledger,
                                      congestion_control=topo.socket_congestion_control,
                                      ) as team:
                     group = TeamGroup(topo, team, self.campaign)
                     self.groups.append(group)
                     yield group
         finally:
-            shutil.rmtree(workdir, ignore_errors=True)
+            if ledger is not None:
+                ledger.remove_tmpdir(workdir)
+            else:
+                shutil.rmtree(workdir, ignore_errors=True)

@@ -224,7 +224,7 @@ async def test_a_directory_holds_one_run_at_a_time(tmp_path: Path) -> None:
     holder = RunDir(fresh)
     holder.open()  # only the lock file and empty folders: still an empty run directory
     try:
-        assert RunDir(fresh).is_empty() is False  # folders were created ...
+        assert RunDir(fresh).is_empty() is True  # no manifest, no episode: nothing to keep ...
         with pytest.raises(RunDirError, match=r"in use by another `testbed run` \(pid "
                                               rf"{os.getpid()}\)"):
             RunDir(fresh).open()
@@ -381,3 +381,16 @@ async def test_sigkill_then_resume_loses_and_duplicates_nothing(tmp_path: Path,
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert [s.get("status") for s in manifest["sessions"]] == [None, "complete"]
 
+
+
+async def test_resume_of_a_run_killed_before_its_manifest_starts_afresh(tmp_path: Path) -> None:
+    """A controller SIGKILLed between opening the directory and writing its manifest
+    (seen by `testbed faults`, controller_kill) leaves a layout that --resume accepts."""
+    killed = RunDir(tmp_path / "run")
+    killed.open()
+    killed.close()
+    assert not killed.manifest_path.exists()
+    campaign = parse_campaign(SMALL)
+    runner = FakeRunner()
+    await run_small(campaign, tmp_path / "run", runner, resume=True)
+    assert runner.opened
