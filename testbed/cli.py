@@ -83,6 +83,18 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _counts(text: str) -> tuple[int, ...]:
+    """argparse type for a comma-separated list of counts >= 1."""
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        values = ()
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; allowed: counts >= 1, "
+                                         "comma-separated (e.g. 1,2,4)")
+    return values
+
+
 def _directory(flag: str, text: str | None) -> Path | None:
     """A directory flag's value: absent, an existing directory, or a path to create."""
     if text is None:
@@ -242,6 +254,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if json_path is not None:
             json_path.write_text(json.dumps(result, indent=2) + "\n")
         return 0  # the table is printed
+    elif args.bench_cmd == "lanes":
+        _require_namespaces("bench lanes")
+        from testbed.tools.bench_lanes import bench_lanes
+
+        result = trio.run(lambda: bench_lanes(json_path, console, lanes=args.lanes,
+                                              workers=args.workers, templates=args.templates))
     else:
         from testbed.tools.bench_episode import bench_episode
 
@@ -336,7 +354,8 @@ def build_parser() -> argparse.ArgumentParser:
                        ("link", "request/response over emulated links vs prediction"),
                        ("episode", "PlanFence stall per action on loopback, fresh vs reuse"),
                        ("limits", "the primary grid's peak connections, objects and installs "
-                                  "against the node limits")):
+                                  "against the node limits"),
+                       ("lanes", "AT&T episodes at 1-16 lanes and on a LocalCluster")):
         b = bsub.add_parser(name, help=text)
         b.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
         if name == "limits":
@@ -346,6 +365,13 @@ def build_parser() -> argparse.ArgumentParser:
                            help="templates per cell (default 1)")
             b.add_argument("--policies", metavar="P1,P2",
                            help="only these policies (default: every policy of primary)")
+        if name == "lanes":
+            b.add_argument("--lanes", type=_counts, default=(1, 2, 4, 8, 16), metavar="N,N",
+                           help="local lane counts (default 1,2,4,8,16)")
+            b.add_argument("--workers", type=_counts, default=(1, 2, 4), metavar="N,N",
+                           help="LocalCluster worker counts (default 1,2,4)")
+            b.add_argument("--templates", type=_positive_int, default=None, metavar="N",
+                           help="templates (units) per run (default: the largest count)")
     p.set_defaults(func=cmd_bench)
     return parser
 
