@@ -262,6 +262,8 @@ class Team:
                         RemoteProtocolError):
                     return
             if scope.cancelled_caught:
+                if node.process is not None and node.process.poll() is not None:
+                    return  # it died meanwhile: NodeDied's business, not a frozen node
                 node.unresponsive = True
                 found.append(NodeUnresponsive(
                     node.agent, f"did not answer a ping within {timeout_s:g} s"))
