@@ -12,6 +12,10 @@ Rules this module obeys:
    trace offset (the cell's plus the link's ``trace_offset_s``) lies inside every trace
    of the link, unless the link sets ``trace_wrap = true``.
 3. Every error is one :class:`CampaignError` line naming the field.
+4. Provenance (:func:`network_provenance`): per network of the grid, its resolved
+   definition (``netdef.network_to_data``) and every file it replays (capacity and
+   delay traces, shipped or the user's) with path, size and SHA-256;
+   :func:`changed_files` compares a recorded provenance with the files as they are now.
 """
 
 from __future__ import annotations
@@ -23,9 +27,9 @@ from typing import Any
 
 from testbed.errors import UserError
 from testbed.links.linkspec import CENTRAL_HOST, LinkSpec, NetworkProfile
-from testbed.links.netdef import parse_network
+from testbed.links.netdef import network_to_data, parse_network
 from testbed.links.profiles import network_template, profile_names
-from testbed.links.traces import TraceError, load_trace_ref
+from testbed.links.traces import TraceError, file_digest, load_trace_ref, resolve_trace_ref
 from testbed.spec.campaign import Campaign, CampaignError, fmt_number
 
 _AGENT_NAME = re.compile(r"^a(\d+)$")
@@ -125,3 +129,54 @@ def check_against_grid(campaign: Campaign) -> None:
             raise CampaignError(f"grid.network: {str(exc).removeprefix('network: ')}") from None
         _check_hosts(name, profile, agents[name])
         _check_offsets(name, profile, offsets[name])
+
+
+def _files(name: str, profile: NetworkProfile) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for selector, link in [("", profile.link), *profile.hosts]:
+        if link is None:
+            continue
+        where = f"networks.{name}" + (f".hosts.{selector}" if selector else "")
+        for key in ("up_trace", "down_trace", "delay_trace"):
+            ref = getattr(link, key)
+            if ref is None:
+                continue
+            try:
+                path = resolve_trace_ref(ref) if key != "delay_trace" else Path(ref)
+                size, sha = file_digest(path)
+            except (OSError, TraceError) as exc:
+                raise CampaignError(f"{where}.{key}: {exc}") from None
+            out.append({"field": f"{where}.{key}", "host": selector or None, "role": key,
+                        "ref": ref, "path": str(path), "size": size, "sha256": sha,
+                        "trace_offset_s": link.trace_offset_s})
+    return out
+
+
+def network_provenance(campaign: Campaign) -> dict[str, dict[str, Any]]:
+    """Rule 4: per network the grid names, its definition and its files."""
+    out: dict[str, dict[str, Any]] = {}
+    for name in campaign.network_names():
+        profile = campaign.network_profile(name)
+        out[name] = {"defined_in": "campaign" if name in campaign.networks else "built-in",
+                     "definition": network_to_data(profile),
+                     "base_rtt_ms": profile.base_rtt_ms,
+                     "files": _files(name, profile)}
+    return out
+
+
+def changed_files(recorded: Mapping[str, Any]) -> str | None:
+    """The first file a recorded provenance names that differs now (one line), or None."""
+    for entry in recorded.values():
+        files = entry.get("files", []) if isinstance(entry, Mapping) else []
+        for item in files:
+            path = Path(str(item.get("path", "")))
+            try:
+                size, sha = file_digest(path)
+            except OSError:
+                return (f"{item.get('field')}: {path} is gone since the run started; restore "
+                        "it or choose another --out")
+            if sha != item.get("sha256") or size != item.get("size"):
+                return (f"{item.get('field')}: {path} changed since the run started (sha256 "
+                        f"{str(item.get('sha256'))[:12]}... now {sha[:12]}...); restore it or "
+                        "choose another --out")
+    return None
