@@ -76,7 +76,7 @@ def link_series(events: LogEvents, *, bin_ms: float = 500.0) -> dict[str, Any]:
     ends = [a[-1] for a in (events.arrivals_ms, events.departures_ms, events.opportunities_ms)
             if a.size]
     span = max(ends) if ends else 0.0
-    n_bins = max(1, int(np.ceil(span / bin_ms)))
+    n_bins = int(span // bin_ms) + 1  # half-open bins; the last event falls inside
     edges = np.arange(n_bins + 1, dtype=np.float64) * bin_ms
     to_mbit = 8.0 / (bin_ms * 1000.0)  # bytes per bin -> Mbit/s
     throughput, _ = np.histogram(events.departures_ms, bins=edges,

@@ -11,7 +11,8 @@ Rules of the model (one `LinkQueue` per host per direction):
 - The queue drains only at delivery opportunities. Each opportunity carries up to 1500
   bytes of queued data: several small packets, or a slice of a large one (a packet leaves
   when its last byte has been carried). Bytes an opportunity cannot use are lost, as in
-  mm-link. An opportunity at time T serves only packets that arrived at or before T.
+  mm-link. An opportunity at time T serves only packets that arrived at or before T, and
+  is used once: a packet offered after it was visited (even at time T) waits for the next.
 - Opportunities come from a capacity trace (stamps in ms, wrapping with the last stamp as
   period, replay starting at `offset_ms`), or every 1500*8/rate_kbit ms for a fixed rate,
   or the link is unlimited (a packet is released the moment it arrives).
@@ -105,6 +106,7 @@ class LinkQueue:
         self._queue: deque[list[Any]] = deque()
         self._queued_bytes = 0
         self._next_k = 0  # next unused opportunity; meaningful while the queue is non-empty
+        self._visited_k = 0  # opportunities before this one have been visited (used up)
         self._delay_line: deque[tuple[float, int, Any]] = deque()
         self._last_exit_ms = -math.inf
         self.counters = DirectionCounters()
@@ -116,6 +118,7 @@ class LinkQueue:
         """Restart the trace clock: replay time 0 (= the offset in the trace) is origin_ms;
         the statistics window starts again there."""
         self.origin_ms = origin_ms
+        self._visited_k = 0
         if self._queue:
             self._next_k = self._first_k(max(origin_ms, self._queue[0][0]))
         self.clear_window(origin_ms)
@@ -146,8 +149,8 @@ class LinkQueue:
             if log is not None:
                 log.drop(t_ms, size)
             return False
-        if not self._queue:
-            self._next_k = self._first_k(t_ms)
+        if not self._queue:  # an opportunity visited already is gone, even at time t_ms
+            self._next_k = max(self._first_k(t_ms), self._visited_k)
         self._queue.append([t_ms, size, item, size])
         self._queued_bytes += size
         return True
@@ -239,6 +242,7 @@ class LinkQueue:
                         log.departure(t_opp, head[1], sojourn)
                     self._release(head[2], head[1], t_opp)
             self._next_k += 1
+            self._visited_k = self._next_k
 
     def _drop_head(self, now_ms: float) -> None:
         head = self._queue.popleft()

@@ -260,9 +260,13 @@ def link_fields(table: Mapping[str, Any], where: str, *, base_dir: Path | None,
 
 def _build(fields: dict[str, Any], where: str, base: LinkSpec | None = None) -> LinkSpec:
     try:
-        return LinkSpec(**fields) if base is None else base.with_overrides(**fields)
+        link = LinkSpec(**fields) if base is None else base.with_overrides(**fields)
     except ProfileError as exc:
         raise ProfileError(f"{where}.{exc}") from None
+    if link.queue_kind == "codel" and not (link.trace_driven or link.shaped_rate):
+        raise ProfileError(f"{where}.queue.kind: codel needs a bottleneck (traces or a rate); "
+                           "an unlimited link never queues")
+    return link
 
 
 def _inherit(given: dict[str, Any]) -> dict[str, Any]:
