@@ -7,7 +7,7 @@ superset: the same parameters, plus ``gemodel={"p", "r", "h", "k1"}`` (u32
 probabilities, ``testbed.links.netem_plan.gemodel_params``) sent as
 ``TCA_NETEM_LOSS { NETEM_LOSS_GE { p, r, h, k1 } }`` (include/uapi/linux/pkt_sched.h);
 netem's own IID ``loss`` field is then 0. Decoding qdisc dumps keeps working (the
-options class extends pyroute2's).
+options class has pyroute2's fields and attributes, plus the loss models).
 """
 
 from __future__ import annotations
@@ -32,9 +32,18 @@ def get_parameters(kwarg: dict[str, Any]) -> dict[str, Any]:
     return opts
 
 
-class options(sched_netem.options):  # type: ignore[misc]  # pyroute2's naming
+class options(nla):  # type: ignore[misc]  # pyroute2's naming
+    """pyroute2's netem options with ``TCA_NETEM_LOSS`` decoded. Not a subclass of
+    pyroute2's class: pyroute2 caches the compiled attribute map on the class it first
+    used, and a subclass would inherit that cache (and lose the loss attribute)."""
+
+    fields = sched_netem.options.fields
     nla_map = tuple(("TCA_NETEM_LOSS", "netem_loss") if name == "TCA_NETEM_LOSS"
                     else (name, kind) for name, kind in sched_netem.options.nla_map)
+    netem_corr = sched_netem.options.netem_corr
+    netem_reorder = sched_netem.options.netem_reorder
+    netem_corrupt = sched_netem.options.netem_corrupt
+    netem_rate = sched_netem.options.netem_rate
 
     class netem_loss(nla):  # type: ignore[misc]
         nla_map = (
