@@ -97,11 +97,13 @@ def cmd_networks(args: argparse.Namespace) -> int:
 
 
 def _load(args: argparse.Namespace) -> Any:
+    from testbed.spec.networks import check_backend
     from testbed.spec.parse import load_campaign
 
     campaign = load_campaign(args.campaign)
     if args.templates is not None:
         campaign = campaign.with_templates(args.templates)
+    check_backend(campaign, args.backend or campaign.options.backend)
     return campaign
 
 

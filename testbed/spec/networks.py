@@ -11,7 +11,10 @@ Rules this module obeys:
    ``a<index>``) or ``central``, and no agent is named twice (``1`` and ``a1``); every
    trace offset (the cell's plus the link's ``trace_offset_s``) lies inside every trace
    of the link, unless the link sets ``trace_wrap = true``.
-3. Every error is one :class:`CampaignError` line naming the field.
+3. Every error is one :class:`CampaignError` line naming the field. A backend named
+   explicitly (``options.backend``, ``--backend``) that cannot run a network as defined
+   is refused here too (:func:`check_backend`; what needs a kernel probe, CoDel's
+   sch_codel, is refused when the run starts, before its first topology).
 4. Provenance (:func:`network_provenance`): per network of the grid, its resolved
    definition (``netdef.network_to_data``) and every file it replays (capacity and
    delay traces, shipped or the user's) with path, size and SHA-256;
@@ -28,6 +31,7 @@ from typing import Any
 from testbed.errors import UserError
 from testbed.links.linkspec import CENTRAL_HOST, LinkSpec, NetworkProfile
 from testbed.links.netdef import network_to_data, parse_network
+from testbed.links.netem_plan import unsupported
 from testbed.links.profiles import network_template, profile_names
 from testbed.links.traces import TraceError, file_digest, load_trace_ref, resolve_trace_ref
 from testbed.spec.campaign import Campaign, CampaignError, fmt_number
@@ -129,6 +133,22 @@ def check_against_grid(campaign: Campaign) -> None:
             raise CampaignError(f"grid.network: {str(exc).removeprefix('network: ')}") from None
         _check_hosts(name, profile, agents[name])
         _check_offsets(name, profile, offsets[name])
+
+
+def check_backend(campaign: Campaign, backend: str) -> None:
+    """Refuse an explicit backend that cannot run some network of CAMPAIGN as defined."""
+    if backend != "netem":
+        return
+    for name in campaign.network_names():
+        profile = campaign.network_profile(name)
+        if profile.link is None:
+            continue
+        if campaign.options.link_log:
+            raise CampaignError("options.link_log: the netem backend keeps no packet log; "
+                                "use backend userspace or auto")
+        reason = unsupported(profile)
+        if reason is not None:
+            raise CampaignError(f"backend netem: {reason}")
 
 
 def _files(name: str, profile: NetworkProfile) -> list[dict[str, Any]]:

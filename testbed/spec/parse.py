@@ -32,7 +32,7 @@ from testbed.spec.campaign import (
     Options,
     fmt_number,
 )
-from testbed.spec.networks import check_against_grid, parse_networks
+from testbed.spec.networks import check_against_grid, check_backend, parse_networks
 from testbed.spec.vocabulary import (
     BACKENDS,
     CONNECTIONS,
@@ -129,6 +129,7 @@ def parse_campaign(data: Mapping[str, Any], *, source: str = "<campaign>",
                         networks=networks)
     if check_files:
         check_against_grid(campaign)
+        check_backend(campaign, options.backend)
     return campaign
 
 

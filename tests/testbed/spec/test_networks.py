@@ -186,3 +186,17 @@ def test_options_delay_applies_to_builtin_networks_only(folder: Path) -> None:
     assert parse_campaign(data).network_profile("fixed").base_rtt_ms == 28.0
     own = load_campaign(folder / "c.toml")
     assert own.network_profile("myfi").base_rtt_ms == 20.0
+
+
+def test_an_explicit_netem_backend_that_cannot_run_a_network_is_refused_at_parse(
+        folder: Path) -> None:
+    text = CAMPAIGN.replace("link_log = true", 'link_log = true\nbackend = "netem"')
+    assert _errors(folder, text).startswith(
+        "options.link_log: the netem backend keeps no packet log; use backend userspace")
+    (folder / "d.txt").write_text("0 5\n")
+    text = CAMPAIGN.replace("link_log = true", 'backend = "netem"').replace(
+        "delay_ms = 5", 'delay_trace = "d.txt"')
+    assert _errors(folder, text).startswith(
+        "backend netem: network myfi: delay_trace: the netem backend cannot vary the delay")
+    (folder / "c.toml").write_text(CAMPAIGN.replace("link_log = true", 'backend = "auto"'))
+    assert load_campaign(folder / "c.toml").options.backend == "auto"
