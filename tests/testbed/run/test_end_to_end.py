@@ -213,7 +213,8 @@ def _left_behind(before: set[str]) -> list[str]:
             continue
         if ledger.owner_alive():
             live.add(ledger.prefix)
-    return sorted(n for n in set(netns.listnetns()) - before if n.split("-")[0] not in live)
+    return sorted(n for n in set(netns.listnetns()) - before
+                  if not any(n.startswith(prefix) for prefix in live))
 
 
 def test_bad_campaign_file_gives_one_line_error(tmp_path: Path) -> None:
