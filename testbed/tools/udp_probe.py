@@ -2,7 +2,10 @@
 
 ``udp_stream`` sends COUNT datagrams (8-byte sequence number + 8-byte send time, padded
 to the size asked for) in bursts of PER_BURST every INTERVAL_S from one namespace and
-records, in another, which arrived when (receiver thread, ``time.monotonic``). It is
+records, in another, which arrived when: the kernel's receive timestamp
+(``SO_TIMESTAMPNS``, taken when the packet reached the socket, so a receiver thread
+that a loaded host wakes late does not bunch the times), on ``time.monotonic``'s
+clock. It is
 the probe of the fidelity tests (tests/testbed/net/test_link_fidelity.py) and of the
 loss, trace and CoDel cases of ``testbed bench link``. Runs blocking: call it through
 ``trio.to_thread.run_sync``.
@@ -18,6 +21,9 @@ from dataclasses import dataclass
 
 from testbed.host.kernel import socket_in_netns
 from testbed.net.plan import Host
+
+_TIMESPEC = struct.Struct("@qq")
+_SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux
 
 IP_UDP_HEADER_BYTES = 28
 _STAMP = struct.Struct("!QQ")
@@ -74,7 +80,10 @@ def udp_stream(src: Host, dst: Host, *, count: int, per_burst: int = 1,
     done = threading.Event()
     try:
         rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 << 20)
+        rx.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
         rx.bind((dst.address, port))
+        realtime_minus_monotonic = time.time() - time.monotonic()
+        cmsg_space = socket.CMSG_SPACE(_TIMESPEC.size)
         rx.settimeout(0.05)
         finished: list[float] = []  # the time of the last send, once sent
 
@@ -82,7 +91,7 @@ def udp_stream(src: Host, dst: Host, *, count: int, per_burst: int = 1,
             last = 0.0
             while len(arrivals) < count:
                 try:
-                    data = rx.recv(65536)
+                    data, ancillary, _, _ = rx.recvmsg(65536, cmsg_space)
                 except TimeoutError:
                     now = time.monotonic()
                     if done.is_set() and (now - max(last, finished[0]) > settle_s
@@ -90,8 +99,13 @@ def udp_stream(src: Host, dst: Host, *, count: int, per_burst: int = 1,
                         return
                     continue
                 last = time.monotonic()
+                stamp = last
+                for level, kind, raw in ancillary:
+                    if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS:
+                        sec, nsec = _TIMESPEC.unpack_from(raw)
+                        stamp = sec + nsec / 1e9 - realtime_minus_monotonic
                 seq, _ = _STAMP.unpack_from(data)
-                arrivals.append((seq, last))
+                arrivals.append((seq, stamp))
 
         thread = threading.Thread(target=receive, daemon=True)
         thread.start()
