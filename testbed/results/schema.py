@@ -67,6 +67,7 @@ _EPISODE_TYPES: dict[str, pa.DataType] = {
     "stall_barrier_ms": pa.float64(), "stall_commit_ms": pa.float64(),
     "kib_per_action": pa.float64(), "connections": pa.int64(), "link_bytes": pa.int64(),
     "wall_s": pa.float64(), "congestion_control": pa.string(),
+    "worker": pa.string(),
     "link_up_qdelay_p50_ms": pa.float64(), "link_up_qdelay_p95_ms": pa.float64(),
     "link_down_qdelay_p50_ms": pa.float64(), "link_down_qdelay_p95_ms": pa.float64(),
     "link_up_utilisation": pa.float64(), "link_down_utilisation": pa.float64(),

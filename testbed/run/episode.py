@@ -266,7 +266,9 @@ class EpisodeRunner:
                                      connection=first.connection, policy=first.policy,
                                      durability=options.durability,
                                      rpc_timeout_s=options.rpc_timeout_s,
-                                     owners=first_schedule.owners) as team:
+                                     owners=first_schedule.owners,
+                                     congestion_control=topo.socket_congestion_control,
+                                     ) as team:
                     group = TeamGroup(topo, team, self.campaign,
                                       link_log_dir=self.link_log_dir)
                     self.groups.append(group)

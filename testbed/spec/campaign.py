@@ -71,6 +71,16 @@ class Options:
 LATER_OPTIONS: dict[str, Any] = {"link_log": False}
 
 
+@dataclass(frozen=True)
+class Execution:
+    """Where a campaign runs (``[execution]``; command-line flags override it). Not part
+    of the campaign's identity: a run may be resumed on another engine."""
+
+    cluster: str | None = None  # None: this process; "local:N" or "tcp://HOST:PORT"
+    jobs: int = 1
+    allow_mixed_backends: bool = False
+
+
 class GroupKey(NamedTuple):
     """What a topology depends on: cells with equal keys can share one."""
 
@@ -137,6 +147,7 @@ class Campaign:
     options: Options = field(default_factory=Options)
     description: str = ""
     source: str = ""
+    execution: Execution = field(default_factory=Execution)
     networks: Mapping[str, NetworkProfile] = field(default_factory=dict)
 
     def cells(self) -> list[Cell]:

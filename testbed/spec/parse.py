@@ -29,6 +29,7 @@ from testbed.spec.campaign import (
     GRID_FIELDS,
     Campaign,
     CampaignError,
+    Execution,
     Options,
     fmt_number,
 )
@@ -53,7 +54,9 @@ from testbed.spec.workload import (
     template_family,
 )
 
-TOP_FIELDS = ("name", "seed", "templates", "description", "options", "networks", "grid")
+TOP_FIELDS = ("name", "seed", "templates", "description", "options", "execution",
+              "networks", "grid")
+EXECUTION_FIELDS = ("cluster", "jobs", "allow_mixed_backends")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 PRESETS_PACKAGE = "testbed.spec"
 
@@ -112,6 +115,7 @@ def parse_campaign(data: Mapping[str, Any], *, source: str = "<campaign>",
         raise CampaignError(f"description: {description!r} is not allowed; allowed: a string")
     templates = _templates(data["templates"], "templates")
     options = _options(data.get("options", {}))
+    execution = _execution(data.get("execution", {}))
     networks = parse_networks(data.get("networks", {}), base_dir=base_dir,
                               check_files=check_files)
     allowed = (*network_names(), *networks)
@@ -126,11 +130,39 @@ def parse_campaign(data: Mapping[str, Any], *, source: str = "<campaign>",
         raise CampaignError("grid: expected a [grid] table or [[grid]] tables")
     campaign = Campaign(name=name, seed=int(seed), templates=tuple(templates), grids=grids,
                         options=options, description=description, source=source,
-                        networks=networks)
+                        execution=execution, networks=networks)
     if check_files:
         check_against_grid(campaign)
         check_backend(campaign, options.backend)
     return campaign
+
+
+def _execution(value: Any) -> Execution:
+    if not isinstance(value, Mapping):
+        raise CampaignError("execution: expected an [execution] table")
+    _no_unknown(value, EXECUTION_FIELDS, "execution")
+    out: dict[str, Any] = {}
+    if "cluster" in value:
+        cluster = value["cluster"]
+        if not (isinstance(cluster, str) and (
+                re.fullmatch(r"local:[1-9][0-9]*", cluster)
+                or re.fullmatch(r"(tcp|tls)://[^\s/:]+:[0-9]+", cluster))):
+            raise CampaignError(f"execution.cluster: {cluster!r} is not allowed; allowed: "
+                                "local:N (N >= 1) or tcp://HOST:PORT")
+        out["cluster"] = cluster
+    if "jobs" in value:
+        jobs = value["jobs"]
+        if not (_is_int(jobs) and jobs >= 1):
+            raise CampaignError(f"execution.jobs: {jobs!r} is not allowed; allowed: an "
+                                "integer >= 1")
+        out["jobs"] = int(jobs)
+    if "allow_mixed_backends" in value:
+        flag = value["allow_mixed_backends"]
+        if not isinstance(flag, bool):
+            raise CampaignError(f"execution.allow_mixed_backends: {flag!r} is not allowed; "
+                                "allowed: true or false")
+        out["allow_mixed_backends"] = flag
+    return Execution(**out)
 
 
 def _templates(value: Any, where: str) -> list[str]:
@@ -285,3 +317,10 @@ def recorded_campaign(config: Mapping[str, Any], *, source: str = "<manifest>") 
     campaign file may not say, and options shape neither cells nor schedules. Trace
     files are not read (the run's manifest has their digests)."""
     return parse_campaign({**config, "options": {}}, source=source, check_files=False)
+
+
+def campaign_from_config(config: Mapping[str, Any], *, source: str = "<config>") -> Campaign:
+    """The campaign ``Campaign.config()`` describes, options included (a cluster worker
+    rebuilds the campaign it runs from this)."""
+    options = {k: v for k, v in dict(config.get("options") or {}).items() if v is not None}
+    return parse_campaign({**config, "options": options}, source=source)
