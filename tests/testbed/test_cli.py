@@ -214,3 +214,11 @@ def test_networks_list_and_show(tmp_path: Path) -> None:
     assert 'up_trace = "ATT-LTE-driving.up"' in att.stdout
     assert "longest outage 78.3 s" in att.stdout
     _one_line(_run("networks", "show", "mars", cwd=tmp_path), 2, "network: unknown profile")
+
+
+def test_packet_logs_on_a_cluster_are_refused_before_anything_starts(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-c", _NOT_ROOT, "run", str(EXAMPLE), "--out", "o",
+                           "--cluster", "tcp://127.0.0.1:1"], cwd=tmp_path, text=True,
+                          capture_output=True, timeout=120, check=False)
+    _one_line(proc, 2, "options.link_log: packet logs are written by runs in this process")
+    assert list(tmp_path.iterdir()) == []
