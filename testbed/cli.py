@@ -131,25 +131,58 @@ def cmd_traces(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_networks(args: argparse.Namespace) -> int:
+    from testbed.tools.networks_view import networks_list, networks_show
+
+    if args.networks_cmd == "list":
+        networks_list(_console(), campaign=args.campaign)
+    else:
+        networks_show(args.name, _console(), campaign=args.campaign,
+                      plot=Path(args.plot) if args.plot else None)
+    return 0
+
+
+def _load(args: argparse.Namespace) -> Any:
+    from testbed.spec.networks import check_backend
+    from testbed.spec.parse import load_campaign
+
+    campaign = load_campaign(args.campaign)
+    if args.templates is not None:
+        campaign = campaign.with_templates(args.templates)
+    check_backend(campaign, args.backend or campaign.options.backend)
+    return campaign
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from testbed.tools.plan_view import print_plan
+
+    campaign = _load(args)
+    jobs = args.jobs if args.jobs is not None else campaign.execution.jobs
+    print_plan(campaign, _console(), jobs=jobs, backend=args.backend)
+    return 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     import trio
 
     from testbed.host.ledger import Ledger, clean_dead_runs, open_run_ledger, run_state_dir
     from testbed.run.episode import EpisodeRunner
     from testbed.run.loop import run_campaign
-    from testbed.spec.parse import load_campaign
 
-    campaign = load_campaign(args.campaign)
-    if args.templates is not None:
-        campaign = campaign.with_templates(args.templates)
+    if args.dry_run:
+        return cmd_check(args)
+    campaign = _load(args)
     out = _directory("--out", args.out) or DEFAULT_RESULTS / campaign.name
     workdir = _directory("--workdir", args.workdir)
     cluster = args.cluster or campaign.execution.cluster
     jobs = args.jobs if args.jobs is not None else campaign.execution.jobs
     mixed = args.allow_mixed_backends or campaign.execution.allow_mixed_backends
-    shaped = any(cell.network != "loopback" for cell in campaign.cells())
+    shaped = any(campaign.network_profile(n).link is not None for n in campaign.network_names())
     if shaped and (cluster is None or cluster.startswith("local:")):
         _require_namespaces(f"campaign {campaign.name!r} (non-loopback networks)")
+    if cluster is not None and campaign.options.link_log:
+        raise UserError("options.link_log: packet logs are written by runs in this process "
+                        "(--jobs), not on a cluster; drop --cluster or link_log")
     console = _console()
     label = str(Path(out).absolute())
     if args.resume or args.extend:  # what a killed run on this directory left behind
@@ -159,7 +192,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     async def main(ledger: Ledger) -> None:
         if cluster is None:
             runner = EpisodeRunner(campaign, workdir_root=workdir, backend=args.backend,
-                                   ledger=ledger)
+                                   ledger=ledger, link_log_dir=out / "links")
             await run_campaign(campaign, out, resume=args.resume, extend=args.extend,
                                jobs=jobs, runner=runner, console=console)
             return
@@ -191,7 +224,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     if not (run_dir / "episodes.parquet").exists():
         raise UserError(f"{run_dir} has no episodes.parquet "
                         "(run a campaign into it first, or finish it with --resume)")
-    summary = build_report(run_dir, draws=args.draws, seed=args.seed, console=_console())
+    summary = build_report(run_dir, draws=args.draws, seed=args.seed, console=_console(),
+                           episode=args.episode)
     _console().print(f"report: {run_dir / 'report.md'} ({len(summary.get('tables', []))} "
                      f"tables, {len(summary.get('figures', []))} figures)")
     return 0
@@ -293,9 +327,30 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--plot", metavar="FILE.png", help="write capacity over time to FILE.png")
     p.set_defaults(func=cmd_traces)
 
+    p = sub.add_parser("networks", help="list or show the networks a campaign can name")
+    nsub = p.add_subparsers(dest="networks_cmd", required=True, metavar="ACTION")
+    nlist = nsub.add_parser("list", help="every network: base RTT, capacity, longest outage")
+    nlist.add_argument("--campaign", metavar="FILE", help="also the networks FILE defines")
+    nshow = nsub.add_parser("show", help="one network resolved: its definition, links, RTTs")
+    nshow.add_argument("name", help="a network name (see `testbed networks list`)")
+    nshow.add_argument("--campaign", metavar="FILE", help="look in FILE's [networks] too")
+    nshow.add_argument("--plot", metavar="FILE.png", help="write its capacity over time")
+    p.set_defaults(func=cmd_networks)
+
+    p = sub.add_parser("check", help="validate a campaign and print its plan; creates nothing")
+    p.add_argument("campaign", help="preset name or path to a campaign TOML file")
+    p.add_argument("--jobs", type=_positive_int, default=None, metavar="N",
+                   help="lanes the wall-time estimate assumes (default: [execution] jobs, else 1)")
+    p.add_argument("--templates", type=int, metavar="N", help="override the template count")
+    p.add_argument("--backend", choices=list(BACKENDS), help="backend to plan for")
+    p.set_defaults(func=cmd_check)
+
     p = sub.add_parser("run", help="run a campaign (a preset name or a TOML file)")
     p.add_argument("campaign", help="preset name (demo, primary, rates, scope, density, reuse, "
                                     "teams, horizon) or path to a campaign TOML file")
+    p.add_argument("--dry-run", action="store_true",
+                   help="validate and print the plan (cells, episodes, networks, wall-time "
+                        "estimate) without creating anything")
     p.add_argument("--out", metavar="DIR", help="results directory (default results/<name>)")
     p.add_argument("--resume", action="store_true",
                    help="finish an interrupted campaign without repeating finished episodes")
@@ -334,6 +389,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dir", help="results directory written by `testbed run`")
     p.add_argument("--draws", type=int, default=10_000, help="bootstrap draws (default 10000)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    p.add_argument("--episode", metavar="KEY",
+                   help="draw the link plots of this episode (default: the first episode "
+                        "with a link log of each network)")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("clean", help="remove namespaces, links and processes left by crashed runs")

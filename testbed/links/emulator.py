@@ -13,7 +13,11 @@ Control protocol on the socketpair: ``protocols.wire`` frames (4-byte big-endian
 Parent -> child (``testbed.links.userspace``):
 ``{"op": "configure", "specs": [...], "hosts": [...], "seed": int}`` first (each distinct direction spec once, stamps as packed int64; hosts name the index of
 their up and down spec), then
-``{"op": "restart"}``, ``{"op": "counters"}``, ``{"op": "clear_lateness"}``,
+``{"op": "restart"}``, ``{"op": "counters"}``, ``{"op": "clear_lateness"}`` (also
+starts a new statistics window), ``{"op": "window"}`` (per direction since the window
+started: bytes, packets, capacity, queueing delay percentiles),
+``{"op": "log_start", "dir": str, "label": str}`` (a Mahimahi-format packet log per host
+and direction, ``<dir>/<host>.up.log`` / ``.down.log``), ``{"op": "log_stop"}``,
 ``{"op": "stop"}``. Child -> parent:
 ``{"ok": true, ...}`` or ``{"ok": false, "error": str}``. EOF on the socket (the
 controller died) stops the child, as do SIGTERM and SIGINT.
@@ -38,7 +42,9 @@ from typing import Any
 
 from protocols import wire
 from protocols.errors import RemoteProtocolError
-from testbed.links.model import DirectionSpec, EmulatorCore, HostLinks, LinkQueue
+from testbed.links.core import EmulatorCore, HostLinks
+from testbed.links.linklog import LinkLog
+from testbed.links.model import DirectionSpec, LinkQueue
 
 _PR_SET_TIMERSLACK = 29
 CONTROL_MAX_FRAME_BYTES = 64 * 1024 * 1024
@@ -78,6 +84,9 @@ def spec_to_wire(spec: DirectionSpec) -> dict[str, Any]:
 def _spec_from_wire(d: dict[str, Any]) -> DirectionSpec:
     raw = d.pop("stamps")
     stamps = None if raw is None else tuple(array.array("q", raw))
+    for key in ("gilbert", "delay_steps"):
+        if d.get(key) is not None:
+            d[key] = tuple(tuple(x) if isinstance(x, list) else x for x in d[key])
     return DirectionSpec(stamps_ms=stamps, **d)
 
 
@@ -101,7 +110,7 @@ def _now_ms() -> float:
     return time.monotonic() * 1000.0
 
 
-def _build_core(msg: dict[str, Any]) -> tuple[EmulatorCore, list[int]]:
+def _build_core(msg: dict[str, Any]) -> tuple[EmulatorCore, list[int], list[DirectionSpec]]:
     seed = int(msg["seed"])
     specs = [_spec_from_wire(dict(d)) for d in msg["specs"]]
     opportunities = [spec.opportunities() for spec in specs]  # immutable: shared
@@ -110,19 +119,14 @@ def _build_core(msg: dict[str, Any]) -> tuple[EmulatorCore, list[int]]:
     now = _now_ms()
 
     def queue(index: int, rng_seed: int) -> LinkQueue:
-        spec = specs[index]
-        return LinkQueue(
-            opportunities[index], delay_ms=spec.delay_ms, loss_pct=spec.loss_pct,
-            queue_packets=spec.queue_packets, queue_bytes=spec.queue_bytes,
-            rng=random.Random(rng_seed), origin_ms=now,
-        )
+        return specs[index].make_queue(random.Random(rng_seed), now, opportunities[index])
 
     for i, h in enumerate(msg["hosts"]):
         up = queue(int(h["up"]), seed * 1000 + 2 * i)
         down = queue(int(h["down"]), seed * 1000 + 2 * i + 1)
         hosts.append(HostLinks(h["name"], socket.inet_aton(h["address"]), up, down))
         fds.append(int(h["fd"]))
-    return EmulatorCore(hosts, seed=seed), fds
+    return EmulatorCore(hosts, seed=seed), fds, specs
 
 
 def _try_realtime(priority: int) -> bool:
@@ -149,14 +153,19 @@ class _State:
     fds: list[int] = field(default_factory=list)
     dead: set[int] = field(default_factory=set)
     lateness: list[int] = field(default_factory=lambda: [0] * 200)  # _LATE_BIN_US bins
+    late_max_us: int = 0
     write_errors: int = 0
+    specs: list[DirectionSpec] = field(default_factory=list)
+    spec_of: dict[tuple[int, str], int] = field(default_factory=dict)
 
 
 def _handle(st: _State, msg: dict[str, Any]) -> dict[str, Any] | None:
     """One control request; the reply, or None for `stop`."""
     op = msg.get("op")
     if op == "configure":
-        st.core, st.fds = _build_core(msg)
+        st.core, st.fds, st.specs = _build_core(msg)
+        st.spec_of = {(i, side): int(h[side]) for i, h in enumerate(msg["hosts"])
+                      for side in ("up", "down")}
         return {"ok": True}
     if op == "stop":
         return None
@@ -176,9 +185,27 @@ def _handle(st: _State, msg: dict[str, Any]) -> dict[str, Any] | None:
             "realtime": st.realtime,
             "lateness": st.lateness,
             "faulted": dict(st.core.faulted),
+            "late_max_us": st.late_max_us,
         }
     if op == "clear_lateness":
         st.lateness = [0] * len(st.lateness)
+        st.late_max_us = 0
+        now = _now_ms()
+        for h in st.core.hosts:
+            h.up.clear_window(now)
+            h.down.clear_window(now)
+        return {"ok": True}
+    if op == "window":
+        return {"ok": True, "window": window_statistics(st.core, _now_ms())}
+    if op == "log_start":
+        try:
+            _log_start(st, str(msg["dir"]), str(msg.get("label", "")))
+        except OSError as exc:
+            _log_stop(st)
+            return {"ok": False, "error": f"log_start: {exc}"}
+        return {"ok": True}
+    if op == "log_stop":
+        _log_stop(st)
         return {"ok": True}
     if op == "fault":
         names = [h.name for h in st.core.hosts]
@@ -193,7 +220,73 @@ def _handle(st: _State, msg: dict[str, Any]) -> dict[str, Any] | None:
             return {"ok": False, "error": str(exc)}
         return {"ok": True, "faulted": dict(st.core.faulted)}
     return {"ok": False, "error": f"op: {op!r} is not one of configure, restart, "
-            "counters, clear_lateness, fault, stop"}
+            "counters, clear_lateness, window, log_start, log_stop, fault, stop"}
+
+
+def _percentile(ordered: Sequence[float], q: float) -> float:
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def window_statistics(core: EmulatorCore, now_ms: float) -> dict[str, dict[str, float | None]]:
+    """Per direction, over every host: what the window carried and how long it queued."""
+    out: dict[str, dict[str, float | None]] = {}
+    for side in ("up", "down"):
+        queues = [getattr(h, side) for h in core.hosts]
+        sojourns = sorted(x for q in queues for x in q.sojourns_ms)
+        capacities = [q.capacity_bytes(now_ms) for q in queues]
+        shaped = [(q.window_bytes, c) for q, c in zip(queues, capacities, strict=True)
+                  if c is not None]
+        capacity = sum(c for _, c in shaped)
+        out[side] = {
+            "bytes": float(sum(q.window_bytes for q in queues)),
+            "packets": float(sum(q.window_released for q in queues)),
+            "capacity_bytes": float(capacity) if shaped else None,
+            "utilisation": (sum(b for b, _ in shaped) / capacity) if capacity else None,
+            "qdelay_p50_ms": _percentile(sojourns, 0.5) if sojourns else None,
+            "qdelay_p95_ms": _percentile(sojourns, 0.95) if sojourns else None,
+            "qdelay_max_ms": sojourns[-1] if sojourns else None,
+        }
+    return out
+
+
+def _queue_text(spec: DirectionSpec) -> str:
+    bounds = [f"packets={spec.queue_packets}"] if spec.queue_packets is not None else []
+    if spec.queue_bytes is not None:
+        bounds.append(f"bytes={spec.queue_bytes}")
+    if spec.queue_kind == "codel":
+        bounds += [f"target={spec.codel_target_ms:g}", f"interval={spec.codel_interval_ms:g}"]
+    return f"{spec.queue_kind} [{', '.join(bounds)}]"
+
+
+def _log_start(st: _State, directory: str, label: str) -> None:
+    assert st.core is not None
+    _log_stop(st)
+    os.makedirs(directory, exist_ok=True)
+    for i, h in enumerate(st.core.hosts):
+        for side in ("up", "down"):
+            queue: LinkQueue = getattr(h, side)
+            spec = st.specs[st.spec_of[(i, side)]]
+            path = os.path.join(directory, f"{h.name}.{side}.log")
+            trace = os.path.basename(spec.trace_name) if spec.trace_name else (
+                f"{spec.rate_kbit:g} kbit/s" if spec.rate_kbit else "unlimited")
+            header = [f"mahimahi mm-link ({side}link) [{trace}] > {path}",
+                      "command line: planfence-testbed userspace emulator (testbed.links."
+                      "emulator)", f"queue: {_queue_text(spec)}",
+                      f"testbed: host {h.name}, {label}"]
+            handle = open(path, "w", encoding="ascii", buffering=1 << 20)  # noqa: SIM115
+            queue.log = LinkLog(handle, origin_ms=queue.origin_ms,
+                                opportunities=queue.opportunities, header=header)
+
+
+def _log_stop(st: _State) -> None:
+    if st.core is None:
+        return
+    now = _now_ms()
+    for h in st.core.hosts:
+        for queue in (h.up, h.down):
+            if queue.log is not None:
+                log, queue.log = queue.log, None
+                log.close(now)
 
 
 def _release(st: _State, core: EmulatorCore, spin_ms: float) -> float | None:
@@ -206,6 +299,8 @@ def _release(st: _State, core: EmulatorCore, spin_ms: float) -> float | None:
             st.write_errors += 1  # full TUN queue or namespace gone: packet lost
         late_us = int((monotonic() * 1000.0 - exit_ms) * 1000.0)
         st.lateness[min(late_us // _LATE_BIN_US, len(st.lateness) - 1)] += 1
+        if late_us > st.late_max_us:
+            st.late_max_us = late_us
     nxt = core.next_event_ms()
     if nxt is None:
         return None
@@ -275,6 +370,7 @@ def run_child(control_fd: int, *, spin_ms: float = _SPIN_MS, rt_priority: int = 
     except _Stop:
         return 0
     finally:
+        _log_stop(st)
         ctl.close()
 
 

@@ -6,9 +6,13 @@ Rules:
   that bridges all pairs. The host end's egress is the host's uplink; the switch end's
   egress is the host's downlink. A->B traffic therefore crosses A's uplink then B's
   downlink, as in the userspace backend.
-- Each direction gets `netem` as the root qdisc (one-way `delay_ms`, `loss_pct`) and,
-  for rate-limited links, a `tbf` child whose rate follows the schedule. The drop-tail
-  bound is tbf's byte limit: `queue_bytes`, else `queue_packets` x 1500.
+- Each direction gets `netem` as the root qdisc (one-way `delay_ms`, `loss_pct` or a
+  Gilbert-Elliott `gemodel`) and, for rate-limited links, a `tbf` child whose rate
+  follows the schedule. The drop-tail bound is tbf's byte limit in frames
+  (``netem_plan.limit_frame_bytes``); a CoDel queue is a `codel` qdisc under tbf.
+- Each host's directions are planned from its own link (``NetworkProfile.link_of``). A
+  network netem cannot express is refused before this module is reached
+  (``testbed.links.netem_support``); packet logs (``start_log``) are userspace's only.
 - A capacity trace is compiled into one rate per fixed interval
   (``testbed.links.netem_plan``), and a trio task changes each tbf's rate at the
   interval boundaries (pyroute2 calls run in a worker thread).
@@ -38,9 +42,12 @@ from typing import Any, TypeVar
 
 import trio
 
+from testbed.errors import UserError
 from testbed.host.kernel import KernelError, kernel_call
 from testbed.host.ledger import Ledger, scratch_ledger
+from testbed.links import netem_loss
 from testbed.links.backend import FaultUnsupported, LinkHost, ProbeResult
+from testbed.links.linkspec import LinkSpec, NetworkProfile
 from testbed.links.netem_plan import (
     DEFAULT_INTERVAL_MS,
     ZERO_RATE_FLOOR_KBIT,
@@ -49,8 +56,7 @@ from testbed.links.netem_plan import (
     plan_direction,
     tbf_params,
 )
-from testbed.links.profiles import LinkSpec, NetworkProfile
-from testbed.links.traces import Trace, load_named
+from testbed.links.traces import Trace, load_trace_ref
 
 NAME = "netem"
 PROBE_NAMES = ("veth", "netem", "tbf")
@@ -211,9 +217,10 @@ class NetemBackend:
         if len(set(names)) != len(names):
             raise ValueError(f"hosts: names must be unique, got {names}")
         out: list[tuple[str, str, str, DirectionPlan]] = []
-        for i, host in enumerate(hosts):
-            out.append((host.name, "up", f"{self.prefix}u{i}", plan_direction(self.link, "up")))
-            out.append((host.name, "down", f"{self.prefix}d{i}", plan_direction(self.link, "down")))
+        for i, (host, link) in enumerate(zip(hosts, self.profile.links_of(names), strict=True)):
+            assert link is not None
+            out.append((host.name, "up", f"{self.prefix}u{i}", plan_direction(link, "up")))
+            out.append((host.name, "down", f"{self.prefix}d{i}", plan_direction(link, "down")))
         return out
 
     def build(self, hosts: Sequence[LinkHost]) -> None:
@@ -282,6 +289,16 @@ class NetemBackend:
                     lambda: ipr.tc("add", "tbf", d.index, handle="10:0", parent="1:1",
                                    **tbf_params(rate, limit_bytes=d.plan.limit_bytes)))
             d.current_kbit = rate
+            self._install_leaf(ipr, d, where)
+
+    def _install_leaf(self, ipr: Any, d: _Direction, where: str) -> None:
+        """The queue under tbf when it is not tbf's own fifo (CoDel)."""
+        leaf = d.plan.leaf_params()
+        if leaf is not None:
+            kind, params = leaf
+            _kernel(f"add {kind} on {where}",
+                    lambda: ipr.tc("add", kind, d.index, handle="20:0", parent="10:1",
+                                   **params))
 
     def set_rates(self, changes: Sequence[tuple[int, float]]) -> None:
         """Apply (direction index, rate_kbit) changes; blocking netlink calls."""
@@ -316,6 +333,13 @@ class NetemBackend:
                                "use --backend userspace")
 
     async def clear_statistics(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def start_log(self, directory: str, label: str) -> None:
+        raise UserError("options.link_log: the netem backend keeps no packet log; use "
+                        "backend userspace")
+
+    async def stop_log(self) -> None:
         await trio.lowlevel.checkpoint()
 
     def read_counters(self) -> dict[str, dict[str, int]]:
@@ -361,7 +385,8 @@ class NetemBackend:
     # -- schedule (trio) --
 
     def _traces(self) -> list[Trace | None]:
-        return [None if d.plan.trace is None else load_named(d.plan.trace) for d in self._directions]
+        return [None if d.plan.trace is None else load_trace_ref(d.plan.trace, "up" if
+                d.side == "up" else "down") for d in self._directions]
 
     async def run_schedule(self, *, chunk_ms: float = 10_000.0) -> None:
         """Replay every traced direction's schedule until cancelled; restartable.
@@ -401,9 +426,9 @@ class NetemBackend:
             chunk_start = chunk * chunk_ms
             per_direction = [
                 None if t is None else compile_schedule(
-                    t, offset_ms=self.trace_offset_ms, start_ms=chunk_start,
+                    t, offset_ms=self.trace_offset_ms + d.plan.offset_ms, start_ms=chunk_start,
                     interval_ms=self.interval_ms, duration_ms=chunk_ms)
-                for t in traces
+                for t, d in zip(traces, self._directions, strict=True)
             ]
             n_steps = max(len(s) for s in per_direction if s is not None)
             for k in range(n_steps):
@@ -440,6 +465,7 @@ async def open_netem_links(
     yields an unshaped link. (``seed`` is accepted for the common interface: the
     kernel's loss draws are its own.)
     """
+    netem_loss.install()  # gemodel loss over netlink (pyroute2 lacks TCA_NETEM_LOSS)
     backend = NetemBackend(profile, prefix=prefix, ledger=ledger,
                            trace_offset_ms=trace_offset_s * 1000.0, interval_ms=interval_ms)
     try:
@@ -453,3 +479,4 @@ async def open_netem_links(
     finally:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(backend.teardown)
+

@@ -6,9 +6,15 @@ Nothing here touches the kernel (``testbed.links.netem`` applies these plans).
   into one rate per fixed interval (:func:`compile_schedule`). Intervals with no
   opportunity are explicit zero steps; tbf cannot take a zero rate, so they are applied
   as :data:`ZERO_RATE_FLOOR_KBIT`, slow enough that nothing but the bucket's burst leaves.
-- Each direction is planned as netem (one-way ``delay_ms``, ``loss_pct``) with a tbf
-  child for rate-limited links; the drop-tail bound is tbf's byte limit: ``queue_bytes``,
-  else ``queue_packets`` x 1500.
+- Each direction is planned as netem (one-way ``delay_ms``, ``loss_pct`` or a
+  Gilbert-Elliott ``gemodel``) with a tbf child for rate-limited links; the drop-tail
+  bound is tbf's byte limit, counted in Ethernet frames (IP packet + 14 bytes, what the
+  qdisc sees on a veth): ``queue_packets`` full frames, and at most ``queue_bytes`` of
+  IP bytes scaled to frames (:func:`limit_frame_bytes`). With CoDel, a ``codel`` qdisc
+  under tbf holds the queue (its limit in packets, its target and interval).
+- Every host is planned from its own link (``NetworkProfile.link_of``).
+- :func:`unsupported` says which field of a network netem cannot express (a delay
+  trace, a byte bound on a CoDel queue); the backend refuses such a network.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from testbed.links.profiles import LinkSpec
+from testbed.links.linkspec import LinkSpec, NetworkProfile
 from testbed.links.traces import MTU_BYTES, Trace, kbit_per_opportunity_ms
 
 DEFAULT_INTERVAL_MS = 10.0
@@ -30,6 +36,9 @@ ZERO_RATE_FLOOR_KBIT = 8.0
 
 NETEM_DELAY_LIMIT_PACKETS = 100_000
 """netem's own FIFO only holds packets in flight for the delay; it must never drop."""
+
+FRAME_OVERHEAD_BYTES = 14
+"""Ethernet header a veth qdisc counts on top of the IP packet."""
 
 
 # ----------------------------------------------------------------- pure: schedule compiler
@@ -89,6 +98,21 @@ def tbf_params(rate_kbit: float, *, limit_bytes: int) -> dict[str, int]:
     return {"rate": rate_bytes_s, "burst": burst, "limit": max(limit_bytes, burst)}
 
 
+def limit_frame_bytes(queue_packets: int, queue_bytes: int | None) -> int:
+    """tbf's byte limit for a drop-tail bound of QUEUE_PACKETS packets and at most
+    QUEUE_BYTES IP bytes: exact for full-size packets (frames of 1514 bytes)."""
+    frame = MTU_BYTES + FRAME_OVERHEAD_BYTES
+    limit = queue_packets * frame
+    if queue_bytes is not None:
+        limit = min(limit, math.ceil(queue_bytes * frame / MTU_BYTES))
+    return limit
+
+
+def percent_u32(pct: float) -> int:
+    """A percentage as netem's u32 probability (0 -> 0, 100 -> 2**32 - 1)."""
+    return int((2**32 - 1) * pct / 100)
+
+
 @dataclass(frozen=True)
 class DirectionPlan:
     """Qdiscs of one direction of one host link, before anything touches the kernel."""
@@ -98,28 +122,72 @@ class DirectionPlan:
     limit_bytes: int
     trace: str | None  # rate follows this trace's schedule
     rate_kbit: float | None  # fixed rate; None with trace None = delay only
+    gilbert: tuple[float, float, float, float] | None = None  # p, r, good %, bad %
+    codel: tuple[int, float, float] | None = None  # limit packets, target ms, interval ms
+    offset_ms: float = 0.0  # the link's own trace offset, added to the backend's
 
     @property
     def shaped(self) -> bool:
         return self.trace is not None or self.rate_kbit is not None
 
     def netem_params(self) -> dict[str, Any]:
-        return {
+        params: dict[str, Any] = {
             "delay": round(self.delay_ms * 1000),  # microseconds
             "loss": self.loss_pct,
             "limit": NETEM_DELAY_LIMIT_PACKETS,
         }
+        if self.gilbert is not None:
+            params["gemodel"] = gemodel_params(*self.gilbert)
+        return params
+
+    def leaf_params(self) -> tuple[str, dict[str, Any]] | None:
+        """The queue qdisc under tbf (None: tbf's own byte-limited fifo)."""
+        if self.codel is None:
+            return None
+        limit, target_ms, interval_ms = self.codel
+        return "codel", {"cdl_limit": limit, "cdl_target": round(target_ms * 1000),
+                         "cdl_interval": round(interval_ms * 1000)}  # microseconds
+
+
+def gemodel_params(p: float, r: float, loss_good_pct: float, loss_bad_pct: float,
+                   ) -> dict[str, int]:
+    """netem ``loss gemodel p r 1-h 1-k`` as the kernel's u32 fields (h: no loss in bad)."""
+    return {"p": percent_u32(p * 100), "r": percent_u32(r * 100),
+            "h": percent_u32(100 - loss_bad_pct), "k1": percent_u32(loss_good_pct)}
 
 
 def plan_direction(link: LinkSpec, direction: str) -> DirectionPlan:
-    """Describe one direction ('up' or 'down') of a profile's access link."""
+    """Describe one direction ('up' or 'down') of an access link."""
     if direction not in ("up", "down"):
         raise ValueError(f"direction: must be 'up' or 'down', got {direction!r}")
-    limit = link.queue_bytes if link.queue_bytes is not None else link.queue_packets * MTU_BYTES
+    g = link.gilbert
     return DirectionPlan(
         delay_ms=link.delay_ms,
         loss_pct=link.loss_pct,
-        limit_bytes=limit,
-        trace=link.up_trace if direction == "up" else link.down_trace,
-        rate_kbit=link.rate_kbit,
+        limit_bytes=limit_frame_bytes(link.queue_packets, link.queue_bytes),
+        trace=link.trace_of(direction),
+        rate_kbit=link.rate_of(direction),
+        gilbert=None if g is None else (g.p, g.r, g.loss_good_pct, g.loss_bad_pct),
+        codel=((link.queue_packets, link.codel_target_ms, link.codel_interval_ms)
+               if link.queue_kind == "codel" else None),
+        offset_ms=link.trace_offset_s * 1000.0,
     )
+
+
+def unsupported(profile: NetworkProfile) -> str | None:
+    """Why netem cannot run PROFILE exactly as defined (one line), or None."""
+    for selector, link in [("", profile.link), *profile.hosts]:
+        if link is None:
+            continue
+        where = f"network {profile.name}" + (f", host {selector}" if selector else "")
+        if link.delay_trace is not None:
+            return (f"{where}: delay_trace: the netem backend cannot vary the delay over "
+                    "time; use backend userspace")
+        if link.queue_kind == "codel" and link.queue_bytes is not None:
+            return (f"{where}: queue.bytes: Linux codel bounds packets only; drop the byte "
+                    "bound or use backend userspace")
+    return None
+
+
+def uses_codel(profile: NetworkProfile) -> bool:
+    return any(link.queue_kind == "codel" for link in profile.links())

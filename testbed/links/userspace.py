@@ -11,6 +11,10 @@ Rules:
   the controller's GIL never delays a packet (docs/emulator.md).
 - The devices are non-persistent: they vanish when the last fd closes, which happens
   after the emulator has stopped.
+- Every host gets its own link from the profile (``NetworkProfile.link_of``); hosts
+  with equal links share one direction spec, which travels to the emulator once.
+- ``start_log(directory, label)`` makes the emulator write each host's two directions
+  as Mahimahi-format packet logs (``testbed.links.linklog``) until ``stop_log()``.
 """
 
 from __future__ import annotations
@@ -31,8 +35,8 @@ from testbed.host import kernel
 from testbed.host.ledger import Ledger, scratch_ledger
 from testbed.links.backend import LinkHost, ProbeResult
 from testbed.links.emulator import decode_message, encode_message, new_decoder, spec_to_wire
+from testbed.links.linkspec import LinkSpec, NetworkProfile
 from testbed.links.model import DirectionSpec, direction_spec
-from testbed.links.profiles import NetworkProfile
 
 NAME = "userspace"
 PROBE_NAMES = ("tun",)
@@ -95,24 +99,42 @@ class EmulatorHandle:
 
     async def fault(self, host: str, kind: str, *, seconds: float, rate: float = 1.0
                     ) -> dict[str, int]:
-        """Start fault KIND (testbed.links.model.FAULT_KINDS) on HOST's packets."""
+        """Start fault KIND (testbed.links.core.FAULT_KINDS) on HOST's packets."""
         reply = await self.request({"op": "fault", "host": host, "kind": kind,
                                     "seconds": seconds, "rate": rate})
         return {str(k): int(v) for k, v in reply["faulted"].items()}
 
     async def statistics(self) -> dict[str, float]:
-        """Emulator health: unroutable packets, failed writes, write lateness percentiles."""
+        """Emulator health (unroutable packets, failed writes, write lateness percentiles
+        and maximum) and, per direction over every host, what the links did since the
+        window started: ``{up,down}_qdelay_p50_ms`` / ``_p95_ms`` / ``_max_ms``,
+        ``_utilisation`` (bytes carried / capacity offered), ``_bytes`` (NaN where a
+        figure does not apply, e.g. the utilisation of an unlimited link)."""
         reply = await self.request({"op": "counters"})
+        window = (await self.request({"op": "window"}))["window"]
         hist = [int(x) for x in reply["lateness"]]
         bin_ms = int(reply["lateness_bin_us"]) / 1000.0
-        return {
+        out: dict[str, float] = {
             "unroutable": int(reply["unroutable"]),
             "write_errors": int(reply["write_errors"]),
             "written": sum(hist),
             "realtime": float(bool(reply["realtime"])),
             "late_p50_ms": hist_quantile(hist, 0.5) * bin_ms,
             "late_p99_ms": hist_quantile(hist, 0.99) * bin_ms,
+            "late_max_ms": int(reply["late_max_us"]) / 1000.0,
         }
+        for side in ("up", "down"):
+            for key in ("qdelay_p50_ms", "qdelay_p95_ms", "qdelay_max_ms", "utilisation",
+                        "bytes", "capacity_bytes"):
+                value = window[side].get(key)
+                out[f"{side}_{key}"] = float("nan") if value is None else float(value)
+        return out
+
+    async def start_log(self, directory: str, label: str) -> None:
+        await self.request({"op": "log_start", "dir": directory, "label": label})
+
+    async def stop_log(self) -> None:
+        await self.request({"op": "log_stop"})
 
 
 def hist_quantile(hist: Sequence[int], q: float) -> float:
@@ -201,6 +223,12 @@ class UserspaceLinks:
     async def clear_statistics(self) -> None:
         await self.emulator.clear_lateness()
 
+    async def start_log(self, directory: str, label: str) -> None:
+        await self.emulator.start_log(directory, label)
+
+    async def stop_log(self) -> None:
+        await self.emulator.stop_log()
+
     async def fault(self, host: str, kind: str, *, seconds: float, rate: float = 1.0
                     ) -> dict[str, int]:
         return await self.emulator.fault(host, kind, seconds=seconds, rate=rate)
@@ -223,19 +251,25 @@ async def open_userspace_links(profile: NetworkProfile, hosts: Sequence[LinkHost
                                prefix: str, ledger: Ledger, trace_offset_s: float = 0.0,
                                seed: int = 0) -> AsyncIterator[UserspaceLinks]:
     """TUN devices for ``hosts`` and an emulator running ``profile``'s links."""
-    link = profile.link
-    if link is None:
+    if profile.link is None:
         raise ValueError(f"profile {profile.name!r} has no link to emulate")
     offset_ms = trace_offset_s * 1000.0
-    up = direction_spec(link, "up", offset_ms=offset_ms)
-    down = direction_spec(link, "down", offset_ms=offset_ms)
+    specs: dict[tuple[LinkSpec, str], DirectionSpec] = {}
+
+    def spec(link: LinkSpec | None, side: str) -> DirectionSpec:
+        assert link is not None
+        if (link, side) not in specs:
+            specs[(link, side)] = direction_spec(link, side, offset_ms=offset_ms)
+        return specs[(link, side)]
+
+    links = profile.links_of([h.name for h in hosts])
     fds: list[int] = []
     try:
         for i, host in enumerate(hosts):
             fds.append(await trio.to_thread.run_sync(
                 _setup_tun, ledger, host, tun_name(prefix, i)))
-        emulated = [EmulatedHost(h.name, h.address, fd, up, down)
-                    for h, fd in zip(hosts, fds, strict=True)]
+        emulated = [EmulatedHost(h.name, h.address, fd, spec(link, "up"), spec(link, "down"))
+                    for h, fd, link in zip(hosts, fds, links, strict=True)]
         async with open_emulator(emulated, seed=seed,
                                  on_start=ledger.record_process) as emulator:
             yield UserspaceLinks(emulator)

@@ -25,10 +25,16 @@ Rules this module obeys:
    ``node_unresponsive``, so the time a frozen node costs is never measured as stall.
    An RPC timeout inside an episode that finishes is recorded per action and per
    episode (``rpc_timeouts``), so a report can tell network loss from policy cost.
+7. The links' own record of an episode: after the trace restart the backend's statistics
+   window starts; at the end its queueing delay, utilisation and release lateness land
+   in the episode row (``LINK_EPISODE_FIELDS``; null where the backend has none), and
+   with ``[options] link_log`` every host's two directions are logged packet by packet
+   (Mahimahi format) under ``<run>/links/<episode>/``.
 """
 
 from __future__ import annotations
 
+import math
 import shutil
 import tempfile
 import time
@@ -45,7 +51,6 @@ from protocols.errors import ProtocolError
 from protocols.policies import describe_policy
 from testbed.errors import RunFailure
 from testbed.host.ledger import Ledger
-from testbed.links.profiles import get_profile
 from testbed.net.topology import Topology, open_topology
 from testbed.run.contract import EpisodeAborted, EpisodeResult
 from testbed.run.team import (
@@ -72,10 +77,12 @@ class StallTally:
 class TeamGroup:
     """A live topology with its node processes, shared by the cells of one group."""
 
-    def __init__(self, topo: Topology, team: Team, campaign: Campaign) -> None:
+    def __init__(self, topo: Topology, team: Team, campaign: Campaign, *,
+                 link_log_dir: Path | None = None) -> None:
         self.topo = topo
         self.team = team
         self.campaign = campaign
+        self.link_log_dir = link_log_dir
         #: (setup seconds, whole episode seconds) per episode, for `testbed bench episode`.
         self.setup_times: list[tuple[float, float]] = []
 
@@ -144,6 +151,12 @@ class TeamGroup:
             for seed in schedule.seeds:
                 nursery.start_soon(seed_key, seed)
         await topo.restart_trace()
+        await topo.clear_link_statistics()
+        log_dir = None
+        if self.link_log_dir is not None and topo.links is not None:
+            key = episode_key(cell, schedule.template)
+            log_dir = self.link_log_dir / key.replace("/", "~")
+            await topo.start_link_log(str(log_dir), f"episode {key}")
         links_before = await topo.link_counters()
         barrier = describe_policy(cell.policy).has_unit_end_hook
         setup_s = time.monotonic() - started
@@ -180,10 +193,17 @@ class TeamGroup:
         timeline = build_head_log(logs)
         counters = await team.counters()
         links_after = await topo.link_counters()
+        link_stats = await topo.link_statistics()
+        if log_dir is not None:
+            await topo.stop_link_log()
         wall_s = time.monotonic() - started
         self.setup_times.append((setup_s, wall_s))
-        return self._result(schedule, acts, timeline, counters, links_before, links_after,
-                            tally, wall_s)
+        result = self._result(schedule, acts, timeline, counters, links_before, links_after,
+                              tally, wall_s)
+        result.episode.update(link_columns(links_before, links_after, link_stats))
+        if log_dir is not None:
+            result.episode["link_log"] = f"links/{log_dir.name}"
+        return result
 
     async def _barrier(self, unit: int) -> float:
         """Run the unit-end hook at every member at once; elapsed = the slowest member."""
@@ -240,25 +260,49 @@ class TeamGroup:
         return EpisodeResult(actions=rows, episode=episode)
 
 
+def link_columns(before: Mapping[str, Mapping[str, int]], after: Mapping[str, Mapping[str, int]],
+                 stats: Mapping[str, float]) -> dict[str, Any]:
+    """The episode's link columns (rule 7) from counters and the backend's statistics."""
+    def stat(key: str) -> float | None:
+        value = stats.get(key)
+        return None if value is None or math.isnan(value) else float(value)
+
+    out: dict[str, Any] = {}
+    for side in ("up", "down"):
+        out[f"link_{side}_qdelay_p50_ms"] = stat(f"{side}_qdelay_p50_ms")
+        out[f"link_{side}_qdelay_p95_ms"] = stat(f"{side}_qdelay_p95_ms")
+        out[f"link_{side}_utilisation"] = stat(f"{side}_utilisation")
+        out[f"link_{side}_drops"] = sum(
+            int(after[h].get(f"{side}_drops", 0)) - int(before.get(h, {}).get(f"{side}_drops", 0))
+            for h in after)
+    out["emulator_late_p99_ms"] = stat("late_p99_ms")
+    out["emulator_late_max_ms"] = stat("late_max_ms")
+    return out
+
+
 class EpisodeRunner:
-    """Builds a topology and a team per group of cells (the campaign's Runner)."""
+    """Builds a topology and a team per group of cells (the campaign's Runner).
+
+    ``link_log_dir``: where episodes write their packet logs when the campaign asks for
+    them (``[options] link_log``; the run directory's ``links/``).
+    """
 
     def __init__(self, campaign: Campaign, *, workdir_root: Path | None = None,
-                 backend: str | None = None, ledger: Ledger | None = None) -> None:
+                 backend: str | None = None, ledger: Ledger | None = None,
+                 link_log_dir: Path | None = None) -> None:
         self.campaign = campaign
         self.workdir_root = workdir_root
         #: The run's ledger: every temporary directory is recorded in it before it is
         #: made (without one, e.g. in tests, plain mkdtemp directories).
         self.ledger = ledger
         self.backend = backend or campaign.options.backend
+        self.link_log_dir = link_log_dir if campaign.options.link_log else None
         self.groups: list[TeamGroup] = []
 
     @asynccontextmanager
     async def open_group(self, key: GroupKey, cells: Sequence[Cell]) -> AsyncIterator[TeamGroup]:
         options = self.campaign.options
-        # The campaign's delay option sets the one-way delay of every shaped access link.
-        delay_ms = None if key.network == "loopback" else options.delay_ms
-        profile = get_profile(key.network, delay_ms=delay_ms)
+        profile = self.campaign.network_profile(key.network)
         first = cells[0]
         # The workload names the agents and owns the keys; the team follows it.
         first_schedule = self.campaign.schedule(first, self.campaign.templates[0])
@@ -269,7 +313,8 @@ class EpisodeRunner:
         try:
             async with open_topology(profile, agents, central=key.central,
                                      trace_offset_s=key.trace_offset_s,
-                                     backend=self.backend, seed=self.campaign.seed) as topo:
+                                     backend=self.backend, seed=self.campaign.seed,
+                                     packet_log=self.link_log_dir is not None) as topo:
                 hosts = {name: (host.netns, host.address) for name, host in topo.hosts.items()}
                 async with open_team(agents=agents, central=key.central, hosts=hosts,
                                      workdir=workdir, campaign_seed=self.campaign.seed,
@@ -279,7 +324,8 @@ class EpisodeRunner:
                                      owners=first_schedule.owners, ledger=ledger,
                                      congestion_control=topo.socket_congestion_control,
                                      ) as team:
-                    group = TeamGroup(topo, team, self.campaign)
+                    group = TeamGroup(topo, team, self.campaign,
+                                      link_log_dir=self.link_log_dir)
                     self.groups.append(group)
                     yield group
         finally:

@@ -10,6 +10,9 @@ Rules this module obeys:
    group, templates are the outer loop so paired policies run close together in time.
 3. A schedule depends only on the seed, the template and the cell's workload fields,
    never on the policy, the network or the connection setting.
+4. A campaign's own networks (``[networks.NAME]``, ``testbed.links.netdef``) sit beside
+   the registered ones; :meth:`Campaign.network_profile` is the one place a cell's
+   network name becomes the profile a topology is built from.
 
 Files become campaigns in ``testbed.spec.parse``; the loop that runs them is
 ``testbed.run.loop``.
@@ -23,6 +26,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from testbed.errors import UserError
+from testbed.links.netdef import network_to_data
+from testbed.links.profiles import NetworkProfile, get_profile
 from testbed.spec.vocabulary import policy_needs_central
 from testbed.spec.workload import (
     Schedule,
@@ -56,8 +61,14 @@ class Options:
     rpc_timeout_s: float = 10.0
     durability: str = "full"
     backend: str = "auto"
-    delay_ms: float | None = None  # one-way delay of the ``fixed`` profile; None: its default
+    delay_ms: float | None = None  # one-way delay of the built-in networks; None: theirs
     episode_timeout_s: float = 600.0
+    link_log: bool = False  # per-episode packet logs of every link (Mahimahi format)
+
+
+#: Options added after runs were recorded: left out of ``Campaign.config()`` at their
+#: default, so a run recorded before them still resumes (its options compare equal).
+LATER_OPTIONS: dict[str, Any] = {"link_log": False}
 
 
 @dataclass(frozen=True)
@@ -137,6 +148,7 @@ class Campaign:
     description: str = ""
     source: str = ""
     execution: Execution = field(default_factory=Execution)
+    networks: Mapping[str, NetworkProfile] = field(default_factory=dict)
 
     def cells(self) -> list[Cell]:
         cells: dict[Cell, None] = {}
@@ -168,9 +180,27 @@ class Campaign:
         except WorkloadError as exc:
             raise CampaignError(str(exc)) from None
 
+    def network_profile(self, name: str) -> NetworkProfile:
+        """The profile cells of network NAME run on (rule 4): the campaign's own
+        definition, else the registered network with ``options.delay_ms`` applied to
+        its links."""
+        if name in self.networks:
+            return self.networks[name]
+        probe = get_profile(name)
+        delay = None if probe.link is None else self.options.delay_ms
+        return get_profile(name, delay_ms=delay) if delay is not None else probe
+
+    def network_names(self) -> list[str]:
+        """Every network the grid names, in order of first appearance."""
+        return list(dict.fromkeys(c.network for c in self.cells()))
+
     def config(self) -> dict[str, Any]:
         """Normalised configuration (what the manifest stores and --resume compares)."""
-        return {"name": self.name, "seed": self.seed, "templates": list(self.templates),
-                "description": self.description,
-                "options": {k: getattr(self.options, k) for k in Options.__dataclass_fields__},
-                "grid": [{f: list(g[f]) for f in GRID_FIELDS} for g in self.grids]}
+        options = {k: getattr(self.options, k) for k in Options.__dataclass_fields__
+                   if not (k in LATER_OPTIONS and getattr(self.options, k) == LATER_OPTIONS[k])}
+        config = {"name": self.name, "seed": self.seed, "templates": list(self.templates),
+                  "description": self.description, "options": options,
+                  "grid": [{f: list(g[f]) for f in GRID_FIELDS} for g in self.grids]}
+        if self.networks:
+            config["networks"] = {n: network_to_data(p) for n, p in self.networks.items()}
+        return config

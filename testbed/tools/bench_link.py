@@ -31,6 +31,7 @@ from testbed.links.model import DirectionSpec, LinkQueue, direction_spec
 from testbed.links.profiles import NetworkProfile, get_profile
 from testbed.net.plan import Host
 from testbed.net.topology import Topology, open_topology
+from testbed.tools.bench_networks import bench_networks
 from testbed.tools.echo_probe import ECHO_PORT, open_echo_server, timed_exchanges
 
 TCP_IP_HEADER_BYTES = 52  # IPv4 20 + TCP 20 + timestamps option 12
@@ -306,6 +307,8 @@ async def _bench(console: Any, *, count: int, max_case_s: float) -> dict[str, An
         pps, rows = await measure_capacity(topo)
     result["emulator_pps"] = pps
     result["capacity_sweep"] = rows
+    result["networks"] = await bench_networks(console, measure_capacity=measure_capacity)
+    result["emulator_pps_logging"] = result["networks"]["emulator_pps_logging"]
     result["wall_s"] = round(time.monotonic() - started, 1)
     console.print(
         f"fixed20 rtt p50 {result['fixed20_rtt_p50_ms']:.2f} ms, "

@@ -10,14 +10,14 @@ import struct
 
 import pytest
 
-from testbed.links.model import (
+from testbed.links.core import (
     REORDER_HOLD_MS,
-    DirectionSpec,
     EmulatorCore,
     HostLinks,
     corrupt_tcp_payload,
     tcp_checksum,
 )
+from testbed.links.model import DirectionSpec
 
 A, B = "198.18.0.1", "198.18.0.2"
 

@@ -140,13 +140,15 @@ def test_direction_plans() -> None:
     att = get_profile("att", delay_ms=15, loss_pct=1)
     assert att.link is not None
     up = plan_direction(att.link, "up")
-    assert (up.trace, up.rate_kbit, up.delay_ms, up.limit_bytes) == ("ATT-LTE-driving.up", None, 15, 1_500_000)
+    # 1000 packets of 1500 bytes are 1000 frames of 1514 bytes on the veth qdisc
+    assert (up.trace, up.rate_kbit, up.delay_ms, up.limit_bytes) == ("ATT-LTE-driving.up", None, 15, 1_514_000)
     assert up.netem_params() == {"delay": 15_000, "loss": 1, "limit": 100_000}
     assert plan_direction(att.link, "down").trace == "ATT-LTE-driving.down"
     fixed = get_profile("fixed", rate_kbit=12_000, queue_bytes=64_000).link
     assert fixed is not None
     plan = plan_direction(fixed, "down")
-    assert (plan.trace, plan.rate_kbit, plan.limit_bytes, plan.shaped) == (None, 12_000, 64_000, True)
+    # 64000 IP bytes (42 full packets) as frame bytes: 64000 * 1514 / 1500, rounded up
+    assert (plan.trace, plan.rate_kbit, plan.limit_bytes, plan.shaped) == (None, 12_000, 64_598, True)
     delay_only = get_profile("fixed").link
     assert delay_only is not None
     assert not plan_direction(delay_only, "up").shaped
