@@ -192,7 +192,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     async def main(ledger: Ledger) -> None:
         if cluster is None:
             runner = EpisodeRunner(campaign, workdir_root=workdir, backend=args.backend,
-                                   ledger=ledger, link_log_dir=out / "links")
+                                   ledger=ledger, link_log_dir=out / "links",
+                                   shared_emulator=jobs > 1)
             await run_campaign(campaign, out, resume=args.resume, extend=args.extend,
                                jobs=jobs, runner=runner, console=console)
             return
@@ -293,7 +294,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from testbed.tools.bench_lanes import bench_lanes
 
         result = trio.run(lambda: bench_lanes(json_path, console, lanes=args.lanes,
-                                              workers=args.workers, templates=args.templates))
+                                              workers=args.workers, templates=args.templates,
+                                              emulator=args.emulator))
     else:
         from testbed.tools.bench_episode import bench_episode
 
@@ -430,6 +432,8 @@ def build_parser() -> argparse.ArgumentParser:
                            help="LocalCluster worker counts (default 1,2,4)")
             b.add_argument("--templates", type=_positive_int, default=None, metavar="N",
                            help="templates (units) per run (default: the largest count)")
+            b.add_argument("--emulator", choices=("shared", "per-lane"), default="shared",
+                           help="one emulator for every lane (default) or one per lane")
     p.set_defaults(func=cmd_bench)
     return parser
 

@@ -458,12 +458,13 @@ async def open_netem_links(
     trace_offset_s: float = 0.0,
     seed: int = 0,
     interval_ms: float = DEFAULT_INTERVAL_MS,
+    shared_emulator: bool = False,
 ) -> AsyncIterator[NetemBackend]:
     """Build the netem links for `hosts`, replay the schedule while open, tear down on exit.
 
     Fails fast (KernelError with the errno) when the kernel lacks netem or tbf; it never
-    yields an unshaped link. (``seed`` is accepted for the common interface: the
-    kernel's loss draws are its own.)
+    yields an unshaped link. (``seed`` and ``shared_emulator`` are accepted for the
+    common interface: the kernel's loss draws are its own, and there is no emulator.)
     """
     netem_loss.install()  # gemodel loss over netlink (pyroute2 lacks TCA_NETEM_LOSS)
     backend = NetemBackend(profile, prefix=prefix, ledger=ledger,

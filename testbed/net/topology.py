@@ -166,12 +166,15 @@ async def open_topology(
     backend: str = "auto",
     seed: int = 0,
     packet_log: bool = False,
+    shared_emulator: bool = False,
 ) -> AsyncIterator[Topology]:
     """Build the topology, yield it, and remove everything it created on the way out.
 
     ``backend`` is what was asked for (``auto``, ``userspace``, ``netem``); an unshaped
     profile runs with none whatever was asked. ``packet_log``: the caller will ask for
     packet logs (``start_link_log``), so the backend must be able to write them.
+    ``shared_emulator``: the userspace backend runs these hosts as a group of this
+    process's one emulator (lanes; testbed.links.shared_emulator).
     """
     chosen = resolve_backend(profile, backend, packet_log=packet_log)
     plan = plan_topology(profile, agents, central=central, prefix=prefix,
@@ -196,7 +199,8 @@ async def open_topology(
                 link_hosts = [LinkHost(h.name, str(h.netns), h.address) for h in plan.hosts]
                 async with open_links(plan.backend, profile, link_hosts, prefix=plan.prefix,
                                       ledger=ledger, trace_offset_s=plan.trace_offset_s,
-                                      seed=seed, packet_log=packet_log) as links:
+                                      seed=seed, packet_log=packet_log,
+                                      shared_emulator=shared_emulator) as links:
                     yield Topology(plan, hosts, links, mode)
         finally:
             with trio.CancelScope(shield=True):

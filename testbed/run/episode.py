@@ -289,7 +289,7 @@ class EpisodeRunner:
 
     def __init__(self, campaign: Campaign, *, workdir_root: Path | None = None,
                  backend: str | None = None, ledger: Ledger | None = None,
-                 link_log_dir: Path | None = None) -> None:
+                 link_log_dir: Path | None = None, shared_emulator: bool = False) -> None:
         self.campaign = campaign
         self.workdir_root = workdir_root
         #: The run's ledger: every temporary directory is recorded in it before it is
@@ -297,6 +297,8 @@ class EpisodeRunner:
         self.ledger = ledger
         self.backend = backend or campaign.options.backend
         self.link_log_dir = link_log_dir if campaign.options.link_log else None
+        #: Lanes share one emulator process (testbed.links.shared_emulator).
+        self.shared_emulator = shared_emulator
         self.groups: list[TeamGroup] = []
 
     @asynccontextmanager
@@ -314,7 +316,8 @@ class EpisodeRunner:
             async with open_topology(profile, agents, central=key.central,
                                      trace_offset_s=key.trace_offset_s,
                                      backend=self.backend, seed=self.campaign.seed,
-                                     packet_log=self.link_log_dir is not None) as topo:
+                                     packet_log=self.link_log_dir is not None,
+                                     shared_emulator=self.shared_emulator) as topo:
                 hosts = {name: (host.netns, host.address) for name, host in topo.hosts.items()}
                 async with open_team(agents=agents, central=key.central, hosts=hosts,
                                      workdir=workdir, campaign_seed=self.campaign.seed,

@@ -145,7 +145,8 @@ def run_unit_task(task: UnitTask) -> list[EpisodeOutcome]:
         # of this worker's, so `testbed clean` here removes them if the worker dies.
         with open_run_ledger(f"unit {task.key}") as ledger:
             runner = EpisodeRunner(campaign, backend=task.backend, ledger=ledger,
-                                   workdir_root=Path(task.workdir) if task.workdir else None)
+                                   workdir_root=Path(task.workdir) if task.workdir else None,
+                                   shared_emulator=True)  # a worker's lanes: one emulator
             trio.run(_run, unit, runner, campaign, outcomes,
                      cancel_event_name(task.run_token))
     finally:

@@ -51,13 +51,13 @@ def _busy_cpu_s() -> float:
 
 
 async def _run(raw: dict[str, Any], out: Path, *, jobs: int = 1,
-               cluster: str | None = None) -> dict[str, Any]:
+               cluster: str | None = None, shared: bool = True) -> dict[str, Any]:
     campaign = parse_campaign(raw, source="bench lanes")
     console = Console(file=io.StringIO(), width=160)
     cpu0, t0 = _busy_cpu_s(), time.monotonic()
     if cluster is None:
         await run_campaign(campaign, out, resume=False, console=console, jobs=jobs,
-                           runner=EpisodeRunner(campaign))
+                           runner=EpisodeRunner(campaign, shared_emulator=shared))
     else:
         from testbed.run.dask_engine import open_dask_engine
 
@@ -100,13 +100,18 @@ def _projection(best_per_hour: float) -> dict[str, Any]:
 
 async def bench_lanes(json_path: Path | None, console: Any, *,
                       lanes: Sequence[int] = LANES, workers: Sequence[int] = WORKERS,
-                      templates: int | None = None) -> dict[str, Any]:
+                      templates: int | None = None, emulator: str = "shared",
+                      ) -> dict[str, Any]:
+    """``emulator``: ``shared`` (one emulator process for every lane, what `testbed run
+    --jobs N` does) or ``per-lane`` (one per topology, as before lanes shared one)."""
     raw = bench_campaign(templates or max([*lanes, *workers]))
-    result: dict[str, Any] = {"campaign": raw, "local": {}, "cluster": {}}
+    result: dict[str, Any] = {"campaign": raw, "emulator": emulator, "local": {},
+                              "cluster": {}}
     reference: pd.Series | None = None
     with tempfile.TemporaryDirectory(prefix="tb-bench-lanes-") as tmp:
         for count in sorted(set(lanes)):
-            row = await _run(raw, Path(tmp) / f"lanes-{count}", jobs=count)
+            row = await _run(raw, Path(tmp) / f"lanes-{count}", jobs=count,
+                             shared=emulator == "shared")
             stall = row.pop("_stall")
             if reference is None:
                 reference = stall
