@@ -43,6 +43,7 @@ import math
 import random
 from array import array
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,7 +57,7 @@ from testbed.links.opportunities import (
 )
 
 __all__ = ["PACKET_BYTES", "DelaySteps", "DirectionCounters", "DirectionSpec", "LinkQueue",
-           "Opportunities", "RateOpportunities", "TraceOpportunities", "direction_spec"]
+           "Opportunities", "RateOpportunities", "TraceOpportunities", "cross_queues", "direction_spec"]
 
 PACKET_BYTES = 1500
 """Bytes one delivery opportunity carries (mm-link's fixed packet size)."""
@@ -383,3 +384,20 @@ def direction_spec(link: Any, direction: str, *, offset_ms: float = 0.0) -> Dire
         delay_trace_name=link.delay_trace,
         delay_steps=steps,
     )
+
+
+def cross_queues(queues: Sequence[LinkQueue], sizes: Sequence[int], t_ms: float) -> float:
+    """Offline replay: packets of SIZES offered at T_MS cross QUEUES in series; the time
+    the last one leaves the last queue (a prediction benchmarks compare against)."""
+    items = [(t_ms, i) for i in range(len(sizes))]
+    for q in queues:
+        for t, i in items:
+            q.offer(i, sizes[i], t)
+        out: list[tuple[float, Any]] = []
+        while len(out) < len(items):
+            nxt = q.next_event_ms()
+            if nxt is None:
+                break  # a packet was dropped: the model cannot say more
+            out.extend(q.advance(nxt))
+        items = list(out)
+    return max(t for t, _ in items) if items else t_ms

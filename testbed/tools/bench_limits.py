@@ -24,7 +24,7 @@ from rich.table import Table
 
 from nodes.limits import Limits
 from protocols import wire
-from testbed.run.contract import EpisodeResult
+from testbed.run.contract import DelegatingGroup, EpisodeResult
 from testbed.run.episode import EpisodeRunner, TeamGroup
 from testbed.run.loop import run_campaign
 from testbed.spec.campaign import Cell, GroupKey
@@ -47,18 +47,10 @@ class _Peaks:
         self.episodes = 0
 
 
-class _Group:
+class _Group(DelegatingGroup[TeamGroup]):
     def __init__(self, group: TeamGroup, peaks: _Peaks) -> None:
-        self.group = group
+        super().__init__(group)
         self.peaks = peaks
-
-    @property
-    def backend(self) -> str:
-        return self.group.backend
-
-    @property
-    def description(self) -> dict[str, Any]:
-        return dict(self.group.description)
 
     async def run_episode(self, cell: Cell, schedule: Schedule) -> EpisodeResult:
         result = await self.group.run_episode(cell, schedule)

@@ -27,7 +27,7 @@ from typing import Any
 import trio
 
 from testbed.host.kernel import socket_in_netns
-from testbed.links.model import DirectionSpec, LinkQueue, direction_spec
+from testbed.links.model import DirectionSpec, cross_queues, direction_spec
 from testbed.links.profiles import NetworkProfile, get_profile
 from testbed.net.plan import Host
 from testbed.net.topology import Topology, open_topology
@@ -53,22 +53,6 @@ def _packets(payload: int) -> list[int]:
     return sizes
 
 
-def _cross(queues: Sequence[LinkQueue], sizes: Sequence[int], t_ms: float) -> float:
-    """Send packets of SIZES at T_MS through QUEUES in series; time the last one exits."""
-    items = [(t_ms, i) for i in range(len(sizes))]
-    for q in queues:
-        for t, i in items:
-            q.offer(i, sizes[i], t)
-        out: list[tuple[float, Any]] = []
-        while len(out) < len(items):
-            nxt = q.next_event_ms()
-            if nxt is None:
-                break  # a packet was dropped: the model cannot say more
-            out.extend(q.advance(nxt))
-        items = [(t, i) for t, i in out]
-    return max(t for t, _ in items) if items else t_ms
-
-
 def predict_exchanges(
     up: DirectionSpec,
     down: DirectionSpec,
@@ -92,10 +76,10 @@ def predict_exchanges(
     for start_s in starts_s:
         t = start_s * 1000.0
         if fresh:
-            t = _cross([a_up, b_down], [60], t)
-            t = _cross([b_up, a_down], [60], t)
-        t = _cross([a_up, b_down], _packets(request_bytes), t)
-        t = _cross([b_up, a_down], _packets(reply_bytes), t + TURNAROUND_MS)
+            t = cross_queues([a_up, b_down], [60], t)
+            t = cross_queues([b_up, a_down], [60], t)
+        t = cross_queues([a_up, b_down], _packets(request_bytes), t)
+        t = cross_queues([b_up, a_down], _packets(reply_bytes), t + TURNAROUND_MS)
         out.append(t - start_s * 1000.0)
     return out
 

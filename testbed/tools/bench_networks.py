@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.links.linkspec import GilbertLoss, LinkSpec, NetworkProfile
-from testbed.links.model import DirectionSpec, LinkQueue, direction_spec
+from testbed.links.model import DirectionSpec, cross_queues, direction_spec
 from testbed.links.profiles import get_profile
 from testbed.net.topology import Topology, open_topology
 from testbed.tools.echo_probe import open_echo_server, timed_exchanges
@@ -33,21 +33,6 @@ from testbed.tools.udp_probe import StreamResult, udp_stream
 FULL = 1500
 HEADER = 52  # IPv4 + TCP + timestamps
 TURNAROUND_MS = 0.05
-
-
-def _cross(queues: Sequence[LinkQueue], sizes: Sequence[int], t_ms: float) -> float:
-    items = [(t_ms, i) for i in range(len(sizes))]
-    for q in queues:
-        for t, i in items:
-            q.offer(i, sizes[i], t)
-        out: list[tuple[float, Any]] = []
-        while len(out) < len(items):
-            nxt = q.next_event_ms()
-            if nxt is None:
-                break
-            out.extend(q.advance(nxt))
-        items = list(out)
-    return max(t for t, _ in items) if items else t_ms
 
 
 def predict_between(client: tuple[DirectionSpec, DirectionSpec],
@@ -60,8 +45,8 @@ def predict_between(client: tuple[DirectionSpec, DirectionSpec],
     out = []
     for start in starts_s:
         t = start * 1000.0
-        t = _cross([c_up, s_down], [request_bytes + HEADER], t)
-        t = _cross([s_up, c_down], [reply_bytes + HEADER], t + TURNAROUND_MS)
+        t = cross_queues([c_up, s_down], [request_bytes + HEADER], t)
+        t = cross_queues([s_up, c_down], [reply_bytes + HEADER], t + TURNAROUND_MS)
         out.append(t - start * 1000.0)
     return out
 

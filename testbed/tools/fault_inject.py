@@ -24,7 +24,7 @@ from typing import Any
 import trio
 
 from testbed.host.processes import is_running, process_start_ticks
-from testbed.run.contract import EpisodeResult
+from testbed.run.contract import DelegatingGroup, EpisodeResult
 from testbed.run.episode import EpisodeRunner, TeamGroup
 from testbed.spec.campaign import Cell, GroupKey
 from testbed.spec.workload import Schedule
@@ -123,19 +123,11 @@ class FaultRunner:
             nursery.cancel_scope.cancel()
 
 
-class _FaultyGroup:
+class _FaultyGroup(DelegatingGroup[TeamGroup]):
     def __init__(self, runner: FaultRunner, group: TeamGroup, nursery: trio.Nursery) -> None:
+        super().__init__(group)
         self.runner = runner
-        self.group = group
         self.nursery = nursery
-
-    @property
-    def backend(self) -> str:
-        return self.group.backend
-
-    @property
-    def description(self) -> dict[str, Any]:
-        return dict(self.group.description)
 
     async def run_episode(self, cell: Cell, schedule: Schedule) -> EpisodeResult:
         runner, team = self.runner, self.group.team

@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from testbed.run.contract import EpisodeResult
+from testbed.run.contract import DelegatingGroup, EpisodeResult
 from testbed.run.episode import EpisodeRunner, TeamGroup
 from testbed.run.loop import run_campaign
 from testbed.spec.campaign import Campaign, Cell, GroupKey
@@ -49,20 +49,12 @@ def campaign(tmp_path: Path) -> Campaign:
     return load_campaign(str(path))
 
 
-class _Freezing:
+class _Freezing(DelegatingGroup[TeamGroup]):
     """Wraps the real group: SIGSTOPs one node shortly after its first episode starts."""
 
     def __init__(self, group: TeamGroup, stopped: list[float]) -> None:
-        self.group = group
+        super().__init__(group)
         self.stopped = stopped
-
-    @property
-    def backend(self) -> str:
-        return self.group.backend
-
-    @property
-    def description(self) -> dict[str, Any]:
-        return dict(self.group.description)
 
     async def run_episode(self, cell: Cell, schedule: Schedule) -> EpisodeResult:
         """At the episode's first protected action, freeze a node other than the
