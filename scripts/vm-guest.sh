@@ -44,6 +44,23 @@ done
 [ -e /dev/net/tun ] || { mkdir -p /dev/net && mknod /dev/net/tun c 10 200; }
 cat "$RUN/modules.txt"
 
+# The Python stack from the squashfs disks vm-test.sh attached (pyimg.map: serial, path)
+if [ -s "$RUN/pyimg.map" ] && modprobe virtio_blk && modprobe squashfs; then
+  while read -r serial dir; do
+    dev=
+    for s in /sys/block/vd*/serial; do
+      [ "$(cat "$s" 2>/dev/null)" = "$serial" ] && dev=/dev/$(basename "$(dirname "$s")")
+    done
+    mnt=/run/planfence-pyimg/$serial
+    if [ -n "$dev" ] && mkdir -p "$mnt" && mount -t squashfs -o ro "$dev" "$mnt" &&
+        mount --bind "$mnt" "$dir"; then
+      echo "python image $serial ($dev) over $dir"
+    else
+      echo "python image $serial: not mounted, $dir stays on 9p"
+    fi
+  done <"$RUN/pyimg.map"
+fi
+
 export COLUMNS=180
 PY=.venv/bin/python
 
@@ -80,7 +97,7 @@ episode_timeout_s = 300
 policy = ["planfence"]
 network = ["att"]
 rho = [4]
-agents = [3]
+agents = [2]
 keys = [8]
 connection = ["reuse"]
 units = [16]

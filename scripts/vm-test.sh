@@ -47,6 +47,7 @@ command -v modprobe >/dev/null && command -v depmod >/dev/null || need_apt+=(kmo
 command -v busybox >/dev/null || need_apt+=(busybox-static)
 command -v ping >/dev/null || need_apt+=(iputils-ping)
 command -v flock >/dev/null || need_apt+=(util-linux)
+command -v mksquashfs >/dev/null || need_apt+=(squashfs-tools)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
 if [ ${#need_apt[@]} -gt 0 ]; then
   say "installing ${need_apt[*]}"
@@ -70,6 +71,41 @@ if ! "$TOOLS/bin/vng" --version 2>/dev/null | grep -q "$VIRTME_NG_VERSION"; then
   { python3 -m venv "$TOOLS" &&
     "$TOOLS/bin/pip" install -q "virtme-ng==$VIRTME_NG_VERSION"; } >"$CACHE/pip.log" 2>&1 ||
     skip "cannot install virtme-ng $VIRTME_NG_VERSION from PyPI (see $CACHE/pip.log)"
+fi
+
+# --- the Python stack as read-only squashfs images on virtio-blk disks. Over 9p every
+# stat/open is a round trip through QEMU's I/O thread (~2 ms under TCG, far more when both
+# host cores run vCPUs), so imports crawl and node processes miss their 30 s startup
+# limit; from a disk image the guest's own page cache serves them. One image per
+# directory (the interpreter's stdlib, the venv's site-packages), rebuilt when a file in
+# it changes; the guest bind-mounts each over the same path (VM_PYIMG=0: plain 9p).
+pyimg_opts=()
+PYMAP=$CACHE/pyimg.map.$$
+: >"$PYMAP"
+if [ "${VM_PYIMG:-1}" != 0 ]; then
+  mkdir -p "$CACHE/pyimg"
+  # every clone path gets images of its own: drop those no run has used for 3 days
+  find "$CACHE/pyimg" -name '*.sqsh' -mtime +3 -delete 2>/dev/null
+  n=0
+  while read -r dir; do
+    [ -d "$dir" ] || continue
+    tag=$(printf '%s' "$dir" | sha1sum | cut -c1-12)
+    key=$(cd "$dir" && find . -printf '%P %s %T@\n' | sort | sha1sum | cut -c1-12)
+    img=$CACHE/pyimg/$tag-$key.sqsh
+    if [ ! -s "$img" ]; then
+      say "building $img from $dir"
+      rm -f "$CACHE/pyimg/$tag"-*.sqsh
+      mksquashfs "$dir" "$img.tmp" -noappend -comp lz4 -no-xattrs -quiet -no-progress \
+        >"$CACHE/pyimg/build.log" 2>&1 && mv "$img.tmp" "$img" ||
+        { rm -f "$img.tmp"; say "mksquashfs failed (see $CACHE/pyimg/build.log); using 9p"; continue; }
+    fi
+    touch "$img"
+    pyimg_opts+=(-drive "file=$img,if=none,id=pfpy$n,format=raw,readonly=on"
+                 -device "virtio-blk-pci,drive=pfpy$n,serial=pfpy$n")
+    printf 'pfpy%s %s\n' "$n" "$dir" >>"$PYMAP"
+    n=$((n + 1))
+  done < <(.venv/bin/python -c 'import sysconfig; p = sysconfig.get_paths()
+print(p["stdlib"]); print(p["purelib"])' | awk '!seen[$0]++')
 fi
 
 # --- guest kernel: a Debian linux-image package, unpacked (never installed: no postinst,
@@ -112,7 +148,10 @@ mkdir -p "$RUN" || die "cannot create $RUN"
 RUN=$(cd "$RUN" && pwd -P)
 rwdirs=(--rwdir "$REPO")
 case "$RUN/" in "$REPO"/*) ;; *) rwdirs+=(--rwdir "$RUN") ;; esac
-guest_cmd=$(printf '%q ' bash "$REPO/scripts/vm-guest.sh" "$RUN" "$@")
+mv "$PYMAP" "$RUN/pyimg.map"
+# the guest starts with a fresh environment: hand over its switches explicitly
+guest_cmd=$(printf '%q ' env "VM_SMOKE=${VM_SMOKE:-1}" "VM_RTT=${VM_RTT:-1}" "VM_MIXED=${VM_MIXED:-0}" \
+  bash "$REPO/scripts/vm-guest.sh" "$RUN" "$@")
 # Bytecode up front: every file the guest stats or reads crosses 9p (about 2 ms each).
 .venv/bin/python -m compileall -q testbed nodes protocols tests scripts >/dev/null 2>&1
 # The guest marks its TSC unstable and falls back to the emulated HPET, which makes every
@@ -123,7 +162,7 @@ say "booting $kver under QEMU (TCG, $CPUS cpus, $MEMORY); run directory $RUN"
 T_BOOT=$(date +%s.%N)
 PATH=$TOOLS/bin:$PATH timeout --kill-after=30 "$TIMEOUT" \
   "$TOOLS/bin/vng" --verbose --run "$KIMG" --disable-kvm --cpus "$CPUS" --memory "$MEMORY" \
-  "${rwdirs[@]}" --append "$APPEND" --qemu-opts="-pidfile $RUN/qemu.pid" --exec "$guest_cmd" \
+  "${rwdirs[@]}" --append "$APPEND" --qemu-opts="-pidfile $RUN/qemu.pid ${pyimg_opts[*]}" --exec "$guest_cmd" \
   </dev/null >"$RUN/console.log" 2>&1 &
 vng_pid=$!
 tail_pid=
