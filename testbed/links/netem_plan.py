@@ -80,12 +80,57 @@ def compile_schedule(
 
 # ----------------------------------------------------------------- pure: qdisc parameters
 
+FRAME_BYTES = MTU_BYTES + 14
+"""A full-size frame as a veth's qdisc counts it (IP packet + Ethernet header)."""
+
+PSCHED_TICKS_PER_US = 1000 / 64
+"""pyroute2's `tick_in_usec` from /proc/net/psched (1000 ns per us, 64 ns per tick:
+PSCHED_SHIFT 6, the same on every kernel since 2.6.31)."""
+
+
+def pyroute2_buffer_ticks(rate_bytes_s: int, burst_bytes: int, *,
+                          ticks_per_us: float = PSCHED_TICKS_PER_US) -> int:
+    """tbf's `buffer` as pyroute2 encodes it (``tcmsg.common.calc_xmittime``, ported
+    from tc): the burst's transmission time truncated to whole microseconds, then to
+    whole psched ticks."""
+    return int(int(1_000_000 * (float(burst_bytes) / rate_bytes_s)) * ticks_per_us)
+
+
+def kernel_tbf_max_size(rate_bytes_s: int, buffer_ticks: int) -> int:
+    """The largest packet tbf passes (`max_size` in sch_tbf.c `tbf_change`) for a
+    buffer of BUFFER_TICKS, when no TCA_TBF_BURST is sent (pyroute2 sends none):
+    ``psched_ns_t2l(rate, min(ticks << 6, 2**32 - 1))`` on an Ethernet link layer with
+    no overhead, i.e. the bytes the rate moves in the buffer time, rounded down."""
+    buffer_ns = min(buffer_ticks << 6, 2**32 - 1)
+    return buffer_ns * rate_bytes_s // 1_000_000_000
+
+
+def kernel_tbf_burst(rate_bytes_s: int, burst_bytes: int) -> int:
+    """What tbf ends up with (its `max_size`, bytes) when asked for BURST_BYTES."""
+    return kernel_tbf_max_size(rate_bytes_s, pyroute2_buffer_ticks(rate_bytes_s, burst_bytes))
+
+
+def tbf_burst_request(rate_bytes_s: int) -> int:
+    """The burst to ask for so that the kernel keeps one full frame or 1 ms of rate.
+
+    Each truncation loses less than one unit: under 1 us, under one 64 ns tick, under
+    one byte, so the kernel keeps more than ``burst - 1.064e-6 * rate - 1`` bytes;
+    padding by ``ceil(1.064e-6 * rate)`` is enough (checked exactly, and padded more
+    where float rounding would ever disagree).
+    """
+    want = max(FRAME_BYTES, math.ceil(rate_bytes_s / 1000))
+    burst = want + math.ceil(rate_bytes_s * 1064 / 1_000_000_000)
+    while kernel_tbf_burst(rate_bytes_s, burst) < want:
+        burst += 1
+    return burst
+
 
 def tbf_params(rate_kbit: float, *, limit_bytes: int) -> dict[str, int]:
-    """pyroute2 `tbf` arguments: rate in bytes/s, burst of one full frame or 1 ms of rate."""
+    """pyroute2 `tbf` arguments: rate in bytes/s, a burst that stays at least one full
+    frame or 1 ms of rate after the kernel's rounding (:func:`tbf_burst_request`)."""
     effective_kbit = max(rate_kbit, ZERO_RATE_FLOOR_KBIT)
     rate_bytes_s = max(1, round(effective_kbit * 1000 / 8))
-    burst = max(MTU_BYTES + 14, math.ceil(rate_bytes_s / 1000))
+    burst = tbf_burst_request(rate_bytes_s)
     return {"rate": rate_bytes_s, "burst": burst, "limit": max(limit_bytes, burst)}
 
 

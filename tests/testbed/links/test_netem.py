@@ -20,6 +20,7 @@ from testbed.links.netem_plan import (
     ZERO_RATE_FLOOR_KBIT,
     RateStep,
     compile_schedule,
+    kernel_tbf_burst,
     plan_direction,
     tbf_params,
 )
@@ -129,8 +130,11 @@ def test_compiler_rejects_bad_arguments(kwargs: dict[str, float], field: str) ->
 
 def test_tbf_params() -> None:
     p = tbf_params(12_000, limit_bytes=1_500_000)
-    assert p == {"rate": 1_500_000, "burst": 1514, "limit": 1_500_000}
-    assert tbf_params(16_000, limit_bytes=3000)["burst"] == 2000
+    # a burst of one full frame (1514 bytes) as the kernel keeps it (test_tbf_burst.py)
+    assert (p["rate"], p["limit"]) == (1_500_000, 1_500_000)
+    assert kernel_tbf_burst(p["rate"], p["burst"]) == 1514
+    p16 = tbf_params(16_000, limit_bytes=3000)  # 1 ms of rate beats one frame
+    assert 2000 <= kernel_tbf_burst(p16["rate"], p16["burst"]) <= p16["burst"] <= 2003
     zero = tbf_params(0.0, limit_bytes=100)
     assert zero["rate"] == ZERO_RATE_FLOOR_KBIT * 1000 / 8
     assert zero["limit"] >= zero["burst"]
