@@ -11,7 +11,9 @@ Rules:
   bound is tbf's byte limit: `queue_bytes`, else `queue_packets` x 1500.
 - A capacity trace is compiled into one rate per fixed interval
   (``testbed.links.netem_plan``), and a trio task changes each tbf's rate at the
-  interval boundaries (pyroute2 calls run in a worker thread).
+  interval boundaries (pyroute2 calls run in a worker thread). A loop that falls
+  behind plays the step in force now and skips the ones past, so the replay keeps to
+  real time; ``statistics()`` reports how late the changes were and what was skipped.
 - Deviations from mm-link, documented in docs/links.md: the rate is averaged over an
   interval; the packet meets the delay before the rate limiter (netem is the parent);
   every rate change refills tbf's bucket (one burst passes).
@@ -45,8 +47,12 @@ from testbed.links.netem_plan import (
     DEFAULT_INTERVAL_MS,
     ZERO_RATE_FLOOR_KBIT,
     DirectionPlan,
+    RateStep,
+    ReplayLateness,
     compile_schedule,
+    current_step,
     plan_direction,
+    step_changes,
     tbf_params,
 )
 from testbed.links.profiles import LinkSpec, NetworkProfile
@@ -192,6 +198,7 @@ class NetemBackend:
         self._iprs: dict[str, Any] = {}
         self._created_switch = False
         self._replay_scope: trio.CancelScope | None = None
+        self._lateness = ReplayLateness()
         self._lock = threading.Lock()  # one netlink user at a time (rates vs counters)
 
     # -- build / teardown (blocking) --
@@ -307,10 +314,13 @@ class NetemBackend:
         return counters
 
     async def statistics(self) -> dict[str, float]:
-        """The kernel keeps no lateness to report; nothing (rule 3 of links.backend)."""
-        return {}
+        """The trace replay's lateness and skipped steps since the last clear
+        (``netem_plan.ReplayLateness``; rule 3 of links.backend)."""
+        await trio.lowlevel.checkpoint()
+        return self._lateness.snapshot()
 
     async def clear_statistics(self) -> None:
+        self._lateness.clear()
         await trio.lowlevel.checkpoint()
 
     def read_counters(self) -> dict[str, dict[str, int]]:
@@ -401,18 +411,22 @@ class NetemBackend:
                 for t in traces
             ]
             n_steps = max(len(s) for s in per_direction if s is not None)
-            for k in range(n_steps):
-                changes: list[tuple[int, float]] = []
-                t_ms = chunk_start + k * self.interval_ms
-                for i, steps in enumerate(per_direction):
-                    if steps is None or k >= len(steps):
-                        continue
-                    rate = steps[k].rate_kbit
-                    if self._directions[i].current_kbit != rate:
-                        changes.append((i, rate))
-                await trio.sleep_until(start + t_ms / 1000.0)
-                if changes:
-                    await self._apply_changes(changes)
+            await self._play_steps(per_direction, n_steps, start + chunk_start / 1000.0)
+
+    async def _play_steps(self, per_direction: Sequence[Sequence[RateStep] | None],
+                          n_steps: int, first_s: float) -> None:
+        """Play one chunk: step k is due at FIRST_S + k intervals (trio time); a loop
+        that wakes late plays the step in force now and skips those already past."""
+        k, interval_s = 0, self.interval_ms / 1000.0
+        while k < n_steps:
+            await trio.sleep_until(first_s + k * interval_s)
+            now_k = current_step((trio.current_time() - first_s) * 1000.0, self.interval_ms)
+            k = self._lateness.catch_up(k, now_k, n_steps)
+            changes = step_changes(per_direction, k, [d.current_kbit for d in self._directions])
+            if changes:
+                await self._apply_changes(changes)
+                self._lateness.record((trio.current_time() - first_s - k * interval_s) * 1000.0)
+            k += 1
 
     async def _apply_changes(self, changes: list[tuple[int, float]]) -> None:
         await trio.to_thread.run_sync(self.set_rates, changes)

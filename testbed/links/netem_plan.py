@@ -14,7 +14,8 @@ Nothing here touches the kernel (``testbed.links.netem`` applies these plans).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -76,6 +77,80 @@ def compile_schedule(
         RateStep(t_ms=float(edges[i]), rate_kbit=kbit_per_opportunity_ms(int(counts[i]), float(widths[i])))
         for i in range(n_steps)
     ]
+
+
+# ----------------------------------------------------------------- pure: replay bookkeeping
+
+LATE_BIN_MS = 0.1
+LATE_BINS = 5000
+"""Lateness histogram: 0.1 ms bins up to 500 ms; later changes land in the last bin
+(the maximum stays exact)."""
+
+
+def current_step(elapsed_ms: float, interval_ms: float) -> int:
+    """Index of the step in force ELAPSED_MS after the first step's due time."""
+    return math.floor(elapsed_ms / interval_ms + 1e-9)
+
+
+def step_changes(per_direction: Sequence[Sequence[RateStep] | None], k: int,
+                 rates_kbit: Sequence[float | None]) -> list[tuple[int, float]]:
+    """(direction, rate) for each direction whose step K differs from its rate now."""
+    return [(i, steps[k].rate_kbit) for i, steps in enumerate(per_direction)
+            if steps is not None and k < len(steps) and rates_kbit[i] != steps[k].rate_kbit]
+
+
+@dataclass
+class ReplayLateness:
+    """How late the replay's rate changes took effect, and how many steps it skipped.
+
+    A step's lateness runs from its due time to the return of its last netlink call
+    (when the new rates are in force). ``snapshot()`` has the keys the userspace
+    emulator reports where they mean the same (``late_p50_ms``, ``late_p99_ms``,
+    ``late_max_ms``; 0 with nothing recorded) and the replay's own (``rate_changes``:
+    steps that changed a rate, ``steps_skipped``: steps already past when the loop
+    woke, never applied).
+    """
+
+    histogram: list[int] = field(default_factory=lambda: [0] * LATE_BINS)
+    max_ms: float = 0.0
+    changes: int = 0
+    skipped: int = 0
+
+    def record(self, late_ms: float) -> None:
+        late_ms = max(0.0, late_ms)
+        self.histogram[min(int(late_ms / LATE_BIN_MS), LATE_BINS - 1)] += 1
+        self.max_ms = max(self.max_ms, late_ms)
+        self.changes += 1
+
+    def catch_up(self, k: int, now_k: int, n_steps: int) -> int:
+        """The step to play next when step K is due and step NOW_K is in force, in a
+        chunk of N_STEPS (N_STEPS: the chunk is over); the steps jumped are skipped."""
+        target = min(max(k, now_k), n_steps)
+        self.skipped += target - k
+        return target
+
+    def clear(self) -> None:
+        self.histogram = [0] * LATE_BINS
+        self.max_ms = 0.0
+        self.changes = self.skipped = 0
+
+    def quantile_ms(self, q: float) -> float:
+        """Upper edge of the bin holding quantile Q, at most the maximum (0 if empty)."""
+        seen = 0
+        for i, n in enumerate(self.histogram):
+            seen += n
+            if n and seen >= q * self.changes:
+                return min((i + 1) * LATE_BIN_MS, self.max_ms)
+        return 0.0
+
+    def snapshot(self) -> dict[str, float]:
+        return {
+            "late_p50_ms": round(self.quantile_ms(0.5), 3),
+            "late_p99_ms": round(self.quantile_ms(0.99), 3),
+            "late_max_ms": round(self.max_ms, 3),
+            "rate_changes": float(self.changes),
+            "steps_skipped": float(self.skipped),
+        }
 
 
 # ----------------------------------------------------------------- pure: qdisc parameters
