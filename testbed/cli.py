@@ -13,6 +13,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
+from functools import partial
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -149,7 +150,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         _require_root("bench link")
         from testbed.tools.bench_link import bench_link
 
-        result = trio.run(bench_link, json_path, console)
+        result = trio.run(partial(bench_link, json_path, console, backend=args.backend))
     else:
         from testbed.tools.bench_episode import bench_episode
 
@@ -220,6 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
                        ("episode", "PlanFence stall per action on loopback, fresh vs reuse")):
         b = bsub.add_parser(name, help=text)
         b.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+        if name == "link":
+            b.add_argument("--backend", choices=["userspace", "netem"], default="userspace",
+                           help="link backend to measure (default userspace)")
     p.set_defaults(func=cmd_bench)
     return parser
 
