@@ -124,7 +124,9 @@ class RpcClient:
     """Calls other nodes; open with :func:`open_rpc_client`."""
 
     def __init__(self, *, identity: Identity, roster: Roster, connection: Connection,
-                 counters: Counters, timeout_s: float, nursery: trio.Nursery) -> None:
+                 counters: Counters, timeout_s: float, nursery: trio.Nursery,
+                 congestion_control: str | None = None) -> None:
+        self.congestion_control = congestion_control
         self.identity = identity
         self.roster = roster
         self.connection = connection
@@ -157,7 +159,8 @@ class RpcClient:
     async def _connect(self, peer_id: str) -> tuple[FramedStream, Session]:
         member = self.roster.members[peer_id]
         try:
-            stream = await open_tcp(member.host, member.port)
+            stream = await open_tcp(member.host, member.port,
+                                    congestion_control=self.congestion_control)
         except OSError as exc:
             raise PeerUnavailable(f"cannot connect to {peer_id} at "
                                   f"{member.host}:{member.port}: {exc}") from None
@@ -229,6 +232,7 @@ class RpcClient:
 @asynccontextmanager
 async def open_rpc_client(*, identity: Identity, roster: Roster, connection: Connection,
                           counters: Counters, timeout_s: float = 10.0,
+                          congestion_control: str | None = None,
                           ) -> AsyncIterator[RpcClient]:
     """An :class:`RpcClient` whose pooled connections close when the block exits."""
     if connection not in CONNECTION_SETTINGS:
@@ -239,7 +243,8 @@ async def open_rpc_client(*, identity: Identity, roster: Roster, connection: Con
         raise LocalProtocolError(f"timeout_s: {timeout_s!r} must be a positive number")
     async with trio.open_nursery() as nursery:
         client = RpcClient(identity=identity, roster=roster, connection=connection,
-                           counters=counters, timeout_s=float(timeout_s), nursery=nursery)
+                           counters=counters, timeout_s=float(timeout_s), nursery=nursery,
+                           congestion_control=congestion_control)
         try:
             yield client
         finally:

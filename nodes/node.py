@@ -87,6 +87,7 @@ class _Config:
     rpc_timeout_s: float
     durability: str
     store_path: Path
+    congestion_control: str | None = None  # set per socket (rootless runs); None: default
 
 
 def _ids(value: object, name: str) -> tuple[bytes, ...]:
@@ -106,6 +107,13 @@ def _action(name: str) -> str:
     if not 0 < len(name) <= MAX_ACTION_CHARS or "/" in name:
         raise ControlError(f"action: must be 1..{MAX_ACTION_CHARS} characters without '/'")
     return name
+
+
+def _congestion_control(args: Mapping[str, Any]) -> str | None:
+    name = field(args, "congestion_control", (str, type(None)), default=None)
+    if name is not None and not (0 < len(name) <= 15 and name.replace("_", "").isalnum()):
+        raise ControlError(f"congestion_control: {name!r} is not a kernel algorithm name")
+    return name  # type: ignore[no-any-return]
 
 
 def _ms(ns: int) -> float:
@@ -159,7 +167,8 @@ class Node:
             async with open_rpc_client(identity=cfg.identity, roster=cfg.roster,
                                        connection=cfg.connection,  # type: ignore[arg-type]
                                        counters=self.counters,
-                                       timeout_s=cfg.rpc_timeout_s) as client:
+                                       timeout_s=cfg.rpc_timeout_s,
+                                       congestion_control=cfg.congestion_control) as client:
                 task_status.started(client)
                 await trio.sleep_forever()
 
@@ -184,7 +193,9 @@ class Node:
         async def body(task_status: trio.TaskStatus[int]) -> None:
             await serve_data_plane(identity=cfg.identity, roster=cfg.roster, host=me.host,
                                    port=me.port, handler=self.handlers_call,
-                                   counters=self.counters, task_status=task_status)
+                                   counters=self.counters,
+                                   congestion_control=cfg.congestion_control,
+                                   task_status=task_status)
 
         self._server = await _Service.start(self._nursery, body)
         bound: int = self._server.value
@@ -240,7 +251,8 @@ class Node:
             policy=field(args, "policy", str),
             rpc_timeout_s=float(field(args, "rpc_timeout_s", (int, float))),
             durability=field(args, "durability", str, allowed=tuple(DURABILITY_MODES)),
-            store_path=Path(field(args, "store_path", str)))
+            store_path=Path(field(args, "store_path", str)),
+            congestion_control=_congestion_control(args))
         if not cfg.rpc_timeout_s > 0:
             raise ControlError("rpc_timeout_s: must be positive")
         if roster.members.get(agent_id) is None:

@@ -19,6 +19,7 @@ from nodes.transport import (
     error_body,
     pack_body,
     parse_request,
+    set_congestion_control,
     set_nodelay,
 )
 from protocols.auth import ChannelResponder, Session
@@ -32,6 +33,7 @@ async def serve_data_plane(*, identity: Identity, roster: Roster, host: str, por
                            handler: Handler, counters: Counters,
                            handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
                            max_in_flight: int = MAX_IN_FLIGHT_PER_CONNECTION,
+                           congestion_control: str | None = None,
                            task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
                            ) -> None:
     """Serve authenticated RPCs until cancelled; ``task_status.started(bound_port)``.
@@ -41,6 +43,8 @@ async def serve_data_plane(*, identity: Identity, roster: Roster, host: str, por
     """
     listeners = await trio.open_tcp_listeners(port, host=host)
     try:
+        for listener in listeners:  # accepted connections inherit it
+            set_congestion_control(listener.socket, congestion_control)
         bound_port: int = listeners[0].socket.getsockname()[1]
         server = _Server(identity, roster, handler, counters, handshake_timeout_s,
                          max_in_flight)

@@ -125,17 +125,29 @@ def set_nodelay(stream: trio.SocketStream) -> None:
     stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
 
 
-async def open_tcp(host: str, port: int) -> trio.SocketStream:
+def set_congestion_control(sock: Any, name: str | None) -> None:
+    """Use congestion control NAME on SOCK (None: the namespace's default). A node in a
+    rootless run sets it per socket: its namespaces cannot default to a restricted
+    algorithm (testbed/host/userns.py, rule 4)."""
+    if name is not None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, name.encode())
+
+
+async def open_tcp(host: str, port: int, *, congestion_control: str | None = None,
+                   ) -> trio.SocketStream:
     """Connect; an IP literal skips the resolver and happy-eyeballs machinery (fresh
     connections are on the measured path)."""
     try:
         family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 \
             else socket.AF_INET
     except ValueError:
-        return await trio.open_tcp_stream(host, port)
+        stream = await trio.open_tcp_stream(host, port)
+        set_congestion_control(stream.socket, congestion_control)
+        return stream
     sock = trio.socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
+        set_congestion_control(sock, congestion_control)
         await sock.connect((host, port))
     except BaseException:
         sock.close()

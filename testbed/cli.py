@@ -39,6 +39,40 @@ def _require_root(what: str) -> None:
                         "run it as root or with sudo")
 
 
+USERNS_ENV = "TESTBED_IN_NEW_USERNS"
+"""Set when ``testbed`` re-executes itself to start inside a user namespace of its own."""
+_argv: list[str] = []
+
+
+def _require_namespaces(what: str) -> None:
+    """Root, or else a user namespace of our own (a rootless run, testbed.host.userns).
+
+    The kernel gives a user namespace only to a single-threaded process, and by now
+    numpy's libraries have started threads: so the command re-executes itself, and the
+    fresh process enters the namespace first thing (``main``).
+    """
+    if os.geteuid() == 0:
+        return
+    from testbed.host.userns import probe
+
+    works, detail = probe()
+    if not works:
+        raise HostError(f"{what} needs root or unprivileged user namespaces ({detail}); "
+                        "run it as root")
+    os.environ[USERNS_ENV] = "1"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "testbed", *_argv])
+
+
+def _enter_requested_namespace() -> None:
+    if os.environ.pop(USERNS_ENV, None) != "1":
+        return
+    from testbed.host.userns import enter_user_namespace
+
+    enter_user_namespace()
+
+
 def _positive_int(text: str) -> int:
     """argparse type for counts: a one-line error naming what is allowed."""
     try:
@@ -98,14 +132,38 @@ def cmd_run(args: argparse.Namespace) -> int:
         campaign = campaign.with_templates(args.templates)
     out = _directory("--out", args.out) or DEFAULT_RESULTS / campaign.name
     workdir = _directory("--workdir", args.workdir)
-    if any(cell.network != "loopback" for cell in campaign.cells()):
-        _require_root(f"campaign {campaign.name!r} (non-loopback networks)")
+    cluster = args.cluster or campaign.execution.cluster
+    jobs = args.jobs if args.jobs is not None else campaign.execution.jobs
+    mixed = args.allow_mixed_backends or campaign.execution.allow_mixed_backends
+    shaped = any(cell.network != "loopback" for cell in campaign.cells())
+    if shaped and (cluster is None or cluster.startswith("local:")):
+        _require_namespaces(f"campaign {campaign.name!r} (non-loopback networks)")
     console = _console()
-    runner = EpisodeRunner(campaign, workdir_root=workdir, backend=args.backend)
-    trio.run(lambda: run_campaign(campaign, out, resume=args.resume, extend=args.extend,
-                                  jobs=args.jobs, runner=runner, console=console))
+
+    async def main() -> None:
+        if cluster is None:
+            runner = EpisodeRunner(campaign, workdir_root=workdir, backend=args.backend)
+            await run_campaign(campaign, out, resume=args.resume, extend=args.extend,
+                               jobs=jobs, runner=runner, console=console)
+            return
+        from testbed.run.dask_engine import open_dask_engine
+
+        async with open_dask_engine(cluster, backend=args.backend, workdir=workdir,
+                                    allow_mixed_backends=mixed) as engine:
+            await engine.survey(campaign)
+            await run_campaign(campaign, out, resume=args.resume, extend=args.extend,
+                               engine=engine, console=console)
+
+    trio.run(main)
     console.print(f"results: {out}")
     return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from testbed.tools.worker import run_worker
+
+    return run_worker(args.scheduler, lanes=args.lanes, name=args.name,
+                      loopback_only=args.loopback_only, console=_console())
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -147,7 +205,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if json_path is not None:
             json_path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     elif args.bench_cmd == "link":
-        _require_root("bench link")
+        _require_namespaces("bench link")
         from testbed.tools.bench_link import bench_link
 
         result = trio.run(partial(bench_link, json_path, console, backend=args.backend))
@@ -193,9 +251,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--extend", action="store_true",
                    help="like --resume, for a campaign whose grid or templates have grown "
                         "(same name, seed and options; every old cell and template kept)")
-    p.add_argument("--jobs", type=_positive_int, default=1, metavar="N",
-                   help="run N topologies at once (default 1; for emulated LTE links, where "
-                        "episodes wait on the link; keep 1 for loopback timing)")
+    p.add_argument("--jobs", type=_positive_int, default=None, metavar="N",
+                   help="run N topologies at once in this process (default: the "
+                        "campaign's [execution] jobs, else 1; for emulated links, where "
+                        "episodes wait on the link; loopback units always run alone)")
+    p.add_argument("--cluster", metavar="SPEC",
+                   help="run the work units on a dask cluster: local:N (N worker "
+                        "processes here) or tcp://HOST:PORT of a scheduler with `testbed "
+                        "worker`s (default: the campaign's [execution] cluster, else here)")
+    p.add_argument("--allow-mixed-backends", action="store_true",
+                   help="let cluster workers run shaped networks on different link backends")
     p.add_argument("--templates", type=int, metavar="N",
                    help="override the campaign's template count (quick looks)")
     p.add_argument("--backend", choices=list(BACKENDS),
@@ -204,6 +269,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workdir", metavar="DIR", help="where node stores and sockets live "
                                                     "(default: a fresh directory under /tmp)")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("worker", help="serve this host as a dask worker for campaigns")
+    p.add_argument("scheduler", help="scheduler address, e.g. tcp://10.0.0.1:8786")
+    p.add_argument("--lanes", type=_positive_int, default=1, metavar="N",
+                   help="work units this host runs at once (default 1)")
+    p.add_argument("--name", help="worker name (default: dask's)")
+    p.add_argument("--loopback-only", action="store_true",
+                   help="serve even if no link backend works (loopback campaigns only)")
+    p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("report", help="tables, figures and report.md for a results directory")
     p.add_argument("dir", help="results directory written by `testbed run`")
@@ -229,6 +303,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    _argv[:] = list(sys.argv[1:] if argv is None else argv)
+    try:
+        _enter_requested_namespace()  # before anything (numpy) starts a thread
+    except HostError as exc:
+        print(f"testbed: {one_line(exc)}", file=sys.stderr)
+        return EXIT_HOST
     parser = build_parser()
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func

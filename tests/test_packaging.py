@@ -80,8 +80,12 @@ def test_wheel_installs_into_an_empty_venv_and_runs(tmp_path: Path) -> None:
 
     assert run("--version").strip().startswith("testbed ")
     listing = run("traces", "list")
-    assert "site-packages" in listing
-    assert "testbed/traces" in listing
+    where = subprocess.run([str(venv / "bin" / "python"), "-c",
+                            "from testbed.links.traces import trace_dir; print(trace_dir())"],
+                           cwd=outside, env=env, capture_output=True, text=True, timeout=120,
+                           check=True).stdout.strip()
+    assert where == str(next((venv / "lib").glob("python3*")) / "site-packages" / "testbed"
+                        / "traces")
     shipped = sorted(p.name for p in (ROOT / "traces").iterdir()
                      if p.suffix in (".up", ".down"))
     for name in shipped:

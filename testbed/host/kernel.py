@@ -158,6 +158,15 @@ def move_link(ifname: str, netns: str) -> None:
         )
 
 
+def set_link_up(ifname: str, netns: str | None = None) -> None:
+    """Bring IFNAME up (in NETNS, or in this process's namespace)."""
+    with _ipr(netns) as ipr:
+        found = kernel_call(f"lookup {ifname}", lambda: ipr.link_lookup(ifname=ifname))
+        if not found:
+            raise KernelError(errno.ENODEV, f"set {ifname} up")
+        kernel_call(f"set {ifname} up", lambda: ipr.link("set", index=found[0], state="up"))
+
+
 def configure_host_link(netns: str, ifname: str, address: str, *, mtu: int = 1500) -> None:
     """Inside NETNS: lo up, IFNAME up with ADDRESS/32 and 198.18.0.0/15 routed through it."""
     with _ipr(netns) as ipr:

@@ -30,6 +30,7 @@ import trio
 from testbed.errors import HostError
 from testbed.host import kernel
 from testbed.host.ledger import Ledger, allow_congestion_control
+from testbed.host.userns import privilege
 from testbed.links.backend import NO_BACKEND, LinkBackend, LinkHost
 from testbed.links.backends import open_links, resolve_backend
 from testbed.links.profiles import NetworkProfile
@@ -47,6 +48,15 @@ class Topology:
     plan: TopologyPlan
     hosts: dict[str, Host]
     links: LinkBackend | None = None
+    privilege: str = "root"
+
+    @property
+    def socket_congestion_control(self) -> str | None:
+        """The congestion control nodes must set on each socket themselves (in a user
+        namespace the namespaces cannot default to a restricted one); None otherwise."""
+        if self.privilege == "userns" and self.plan.profile.link is not None:
+            return self.plan.profile.congestion_control
+        return None
 
     @property
     def backend(self) -> str:
@@ -99,6 +109,9 @@ class Topology:
             "queue_packets": None if link is None else link.queue_packets,
             "queue_bytes": None if link is None else link.queue_bytes,
             "prefix": self.prefix,
+            "privilege": self.privilege,
+            "congestion_control_set_by": "socket" if self.socket_congestion_control
+            else "namespace",
             "hosts": {h.name: {"netns": h.netns, "address": h.address}
                       for h in self.hosts.values()},
         }
@@ -106,15 +119,19 @@ class Topology:
 
 def _check_root(backend: str) -> None:
     if os.geteuid() != 0:
-        raise HostError(f"backend {backend}: needs root (network namespaces); "
-                        "run as root or with sudo")
+        raise HostError(f"backend {backend}: needs root or a user namespace of its own "
+                        "(network namespaces); run as root, or through `testbed run`, which "
+                        "enters one for unprivileged users")
 
 
-def _setup_namespace(ledger: Ledger, host: Host, cc: str) -> None:
+def _setup_namespace(ledger: Ledger, host: Host, cc: str | None) -> None:
+    """A host's namespace; ``cc`` becomes its default congestion control (None: the
+    nodes set it per socket, see testbed.host.userns rule 4)."""
     assert host.netns is not None
     ledger.record_netns(host.netns)
     kernel.create_netns(host.netns)
-    kernel.set_sysctl(host.netns, "net.ipv4.tcp_congestion_control", cc)
+    if cc is not None:
+        kernel.set_sysctl(host.netns, "net.ipv4.tcp_congestion_control", cc)
     kernel.set_sysctl(host.netns, "net.ipv4.tcp_no_metrics_save", "1")
 
 
@@ -142,21 +159,23 @@ async def open_topology(
         yield Topology(plan, hosts)
         return
     _check_root(plan.backend)
+    mode = privilege()
     ledger = Ledger(plan.prefix)
     scope = trio.CancelScope()
     with cancel_on_sigterm(scope):
         try:
             with scope:
-                await trio.to_thread.run_sync(
-                    allow_congestion_control, ledger, profile.congestion_control)
+                cc: str | None = None  # in a user namespace: set per socket by the nodes
+                if mode == "root":
+                    cc = profile.congestion_control
+                    await trio.to_thread.run_sync(allow_congestion_control, ledger, cc)
                 for host in plan.hosts:
-                    await trio.to_thread.run_sync(
-                        _setup_namespace, ledger, host, profile.congestion_control)
+                    await trio.to_thread.run_sync(_setup_namespace, ledger, host, cc)
                 link_hosts = [LinkHost(h.name, str(h.netns), h.address) for h in plan.hosts]
                 async with open_links(plan.backend, profile, link_hosts, prefix=plan.prefix,
                                       ledger=ledger, trace_offset_s=plan.trace_offset_s,
                                       seed=seed) as links:
-                    yield Topology(plan, hosts, links)
+                    yield Topology(plan, hosts, links, mode)
         finally:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(partial(ledger.teardown))

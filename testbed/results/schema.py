@@ -54,6 +54,7 @@ _EPISODE_TYPES: dict[str, pa.DataType] = {
     "stall_barrier_ms": pa.float64(), "stall_commit_ms": pa.float64(),
     "kib_per_action": pa.float64(), "connections": pa.int64(), "link_bytes": pa.int64(),
     "wall_s": pa.float64(), "congestion_control": pa.string(),
+    "worker": pa.string(),
 }
 ACTION_SCHEMA = pa.schema([*(pa.field(c, _CELL_TYPES[c]) for c in _CELL_TYPES),
                            *(pa.field(c, t) for c, t in _ACTION_TYPES.items())])

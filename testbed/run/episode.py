@@ -222,7 +222,9 @@ class EpisodeRunner:
                                      connection=first.connection, policy=first.policy,
                                      durability=options.durability,
                                      rpc_timeout_s=options.rpc_timeout_s,
-                                     owners=first_schedule.owners) as team:
+                                     owners=first_schedule.owners,
+                                     congestion_control=topo.socket_congestion_control,
+                                     ) as team:
                     group = TeamGroup(topo, team, self.campaign)
                     self.groups.append(group)
                     yield group

@@ -3,7 +3,9 @@
 Rules this module obeys:
 
 1. The run directory (``testbed.results.rundir``) makes the loop resumable: an episode
-   is marked started before it runs and committed by renaming its episode shard; on
+   is marked started before it runs (before it is sent, on a cluster) and committed by
+   renaming its episode shard; this loop is its only writer, whatever engine runs the
+   episodes (``testbed.run.engines``); on
    ``--resume`` every committed episode is skipped, every other one (never started,
    or started and killed) runs.
 2. ``--extend`` is ``--resume`` for a campaign that has grown: same name, seed and
@@ -12,8 +14,9 @@ Rules this module obeys:
    seed, the template and the cell, so old and new episodes are paired as if the grid
    had been that large from the start).
 3. ``jobs > 1`` runs that many groups at once, each on its own topology (own run
-   prefix, namespaces, emulator and node processes). Work is split per (group,
-   template), so a template's policies still run back to back on one topology. On an
+   prefix, namespaces, emulator and node processes), and a cluster engine runs as many
+   as its workers' lanes. Work is split per (group, template) (``plan_units``), so a
+   template's policies still run back to back on one topology. On an
    emulated LTE link an episode spends almost all of its time waiting on the link
    (about 5% of one core for a whole team), so lanes do not contend. On loopback they
    would, and stall there is CPU time, so loopback units always run first and alone,
@@ -28,13 +31,10 @@ Rules this module obeys:
 
 from __future__ import annotations
 
-import itertools
 import time
-from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import trio
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -45,6 +45,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from testbed.host.userns import privilege
 from testbed.results.provenance import (
     git_revision,
     host_description,
@@ -59,25 +60,29 @@ from testbed.results.schema import (
     check_fields,
 )
 from testbed.results.summary import print_summary
-from testbed.run.contract import (
-    BACKSTOP_GRACE_S,
-    EpisodeAborted,
-    EpisodeResult,
-    Group,
-    Runner,
-    RunSummary,
-)
-from testbed.spec.campaign import Campaign, CampaignError, Cell, GroupKey, episode_key, fmt_number
+from testbed.run.contract import EpisodeResult, Runner, RunSummary
+from testbed.run.engines import Engine, LocalEngine
+from testbed.run.units import EpisodeOutcome, plan_units
+from testbed.spec.campaign import Campaign, CampaignError, episode_key
 from testbed.spec.parse import recorded_campaign
 from testbed.spec.workload import Schedule
 
 
 async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
-                       runner: Runner, console: Console, extend: bool = False,
+                       console: Console, runner: Runner | None = None,
+                       engine: Engine | None = None, extend: bool = False,
                        jobs: int = 1) -> RunSummary:
-    """Run every not-yet-committed episode of ``campaign`` into ``out_dir``."""
+    """Run every not-yet-committed episode of ``campaign`` into ``out_dir``.
+
+    ``engine`` runs the work units (default: :class:`LocalEngine` over ``runner`` with
+    ``jobs`` lanes).
+    """
     if not (isinstance(jobs, int) and jobs >= 1):
         raise CampaignError(f"jobs: {jobs!r} is not allowed; allowed: an integer >= 1")
+    if engine is None:
+        if runner is None:
+            raise ValueError("run_campaign: give a runner or an engine")
+        engine = LocalEngine(runner, jobs=jobs)
     run_dir = RunDir(out_dir)
     extended_from: dict[str, int] | None = None
     if not run_dir.is_empty():
@@ -94,14 +99,15 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
         previous = run_dir.read_manifest()
         sessions = previous.get("sessions", [])
         session: dict[str, Any] = {"started_at": _now(), "resume": bool(sessions),
-                                   "jobs": jobs}
+                                   "jobs": jobs, "execution": engine.describe()}
         if extended_from is not None:
             session["extended_from"] = extended_from
         run_dir.update_manifest(
             started_at=previous.get("started_at", session["started_at"]),
             campaign=campaign.name, source=campaign.source, config=campaign.config(),
             versions=package_versions(), lock=lock_file(), git=git_revision(),
-            system=host_description(),
+            system={**host_description(), "privilege": privilege()},
+            execution=engine.describe(),
             sessions=[*sessions, session], status="running")
         done = run_dir.completed()
         episodes = campaign.episodes()
@@ -109,38 +115,22 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
         task = progress.add_task("episodes", total=len(episodes),
                                  completed=len(episodes) - len(todo))
         progress.start()
-        units = _work_units(todo, jobs)
+        noted: set[str] = set()
 
-        async def lane() -> None:
-            schedules = _ScheduleCache(campaign)
-            while units:
-                gkey, pending = units.pop(0)
-                while pending:
-                    cells = list(dict.fromkeys(c for c, _ in pending))
-                    async with runner.open_group(gkey, cells) as group:
-                        _note_group(run_dir, gkey, group)
-                        while pending:
-                            cell, template = pending.pop(0)
-                            key = episode_key(cell, template)
-                            progress.update(task, description=key)
-                            was_aborted = await _run_one(campaign, run_dir, group, cell,
-                                                         schedules.get(cell, template), key)
-                            counts["ran"] += 1
-                            counts["aborted"] += was_aborted
-                            progress.advance(task)
-                            if was_aborted:
-                                break  # rebuild the topology and processes before going on
+        def on_start(key: str) -> None:
+            run_dir.mark_started(key)
+            progress.update(task, description=key)
 
-        if jobs == 1:
-            await lane()
-        else:
-            # Loopback stall is CPU time: its units run first, one at a time, with no
-            # other lane beside them; then the emulated-link units fill the lanes.
-            emulated = [u for u in units if u[0].network != "loopback"]
-            units[:] = [u for u in units if u[0].network == "loopback"]
-            await lane()
-            units[:] = emulated
-            await _run_lanes(lane, min(jobs, len(units)))
+        def on_outcome(outcome: EpisodeOutcome) -> None:
+            if outcome.group.id not in noted:
+                noted.add(outcome.group.id)
+                _note_group(run_dir, outcome)
+            counts["ran"] += 1
+            counts["aborted"] += commit_outcome(campaign, run_dir, outcome)
+            progress.advance(task)
+
+        units = plan_units(todo, per_template=engine.per_template)
+        await engine.run(units, campaign, on_start=on_start, on_outcome=on_outcome)
         status = "complete"
     finally:
         progress.stop()
@@ -157,87 +147,23 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
                       counts["aborted"], time.monotonic() - t0)
 
 
-WorkUnit = tuple[GroupKey, list[tuple[Cell, str]]]
-
-
-def _work_units(todo: Sequence[tuple[Cell, str]], jobs: int) -> list[WorkUnit]:
-    """What one lane runs on one topology: a whole group, or with several lanes one
-    (group, template) slice of it, so that paired policies stay back to back."""
-    def unit_key(item: tuple[Cell, str]) -> Any:
-        cell, template = item
-        return cell.group_key if jobs == 1 else (cell.group_key, template)
-
-    return [(items[0][0].group_key, items)
-            for items in (list(g) for _, g in itertools.groupby(todo, key=unit_key))]
-
-
-async def _run_lanes(lane: Callable[[], Awaitable[None]], count: int) -> None:
-    """Run ``count`` lanes in one nursery; a failure in one stops all of them (their
-    episodes stay "started" and run again on --resume). A single failure is re-raised
-    as itself, not as an exception group, so callers see the same errors as with one
-    lane."""
-    try:
-        async with trio.open_nursery() as nursery:
-            for _ in range(count):
-                nursery.start_soon(lane)
-    except BaseExceptionGroup as group:
-        leaves = [e for e in _leaves(group) if not isinstance(e, trio.Cancelled)]
-        if len(leaves) == 1:
-            raise leaves[0] from None
-        raise
-
-
-def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
-    out: list[BaseException] = []
-    for exc in group.exceptions:
-        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
-    return out
-
-
-class _ScheduleCache:
-    """Schedules are identical across the policies of a template; build each once."""
-
-    def __init__(self, campaign: Campaign) -> None:
-        self.campaign = campaign
-        self.last: tuple[tuple[Any, ...], Schedule] | None = None
-
-    def get(self, cell: Cell, template: str) -> Schedule:
-        ident = (template, cell.agents, cell.keys, cell.units, cell.deps, cell.rho, cell.tier)
-        if self.last is None or self.last[0] != ident:
-            self.last = (ident, self.campaign.schedule(cell, template))
-        return self.last[1]
-
-
-async def _run_one(campaign: Campaign, run_dir: RunDir, group: Group, cell: Cell,
-                   schedule: Schedule, key: str) -> bool:
-    """Run and commit one episode; True if it was aborted."""
-    run_dir.mark_started(key)
-    started = time.monotonic()
-    result: EpisodeResult | None = None
-    reason = ""
-    try:
-        limit_s = campaign.options.episode_timeout_s
-        with trio.move_on_after(limit_s + BACKSTOP_GRACE_S) as scope:
-            result = await group.run_episode(cell, schedule)
-        if scope.cancelled_caught:
-            reason = (f"episode exceeded options.episode_timeout_s ({fmt_number(limit_s)} s) "
-                      f"by {fmt_number(BACKSTOP_GRACE_S)} s; the runner did not stop it")
-    except EpisodeAborted as exc:
-        reason = exc.reason or "aborted (no reason given)"
-        result = None
-    wall_s = time.monotonic() - started
-    base = {"campaign": campaign.name, **cell.columns(), "backend": group.backend,
+def commit_outcome(campaign: Campaign, run_dir: RunDir, outcome: EpisodeOutcome) -> bool:
+    """Turn one outcome into result rows and commit them; True if it was aborted."""
+    key, cell = outcome.key, outcome.cell
+    schedule = campaign.schedule(cell, outcome.template)
+    base = {"campaign": campaign.name, **cell.columns(), "backend": outcome.backend,
             "episode": key, "family": schedule.family, "template": schedule.template,
             "schedule_digest": schedule.digest}
-    if result is None:
+    if outcome.result is None:
         episode_row = {**base, "seed": campaign.seed,
                        "scheduled_actions": schedule.counts.actions, "attempted_actions": 0,
                        "updates": schedule.counts.updates, "aborted": True,
-                       "abort_reason": reason, "wall_s": wall_s}
+                       "abort_reason": outcome.abort_reason, "wall_s": outcome.wall_s,
+                       "worker": outcome.worker}
         run_dir.record_episode(key, [], episode_row)
         return True
-    actions, episode_row = _rows(base, campaign, schedule, result, wall_s, key)
-    run_dir.record_episode(key, actions, episode_row)
+    actions, episode_row = _rows(base, campaign, schedule, outcome.result, outcome.wall_s, key)
+    run_dir.record_episode(key, actions, {**episode_row, "worker": outcome.worker})
     return False
 
 
@@ -271,11 +197,12 @@ def _rows(base: dict[str, Any], campaign: Campaign, schedule: Schedule, result: 
     return rows, episode_row
 
 
-def _note_group(run_dir: RunDir, gkey: GroupKey, group: Group) -> None:
+def _note_group(run_dir: RunDir, outcome: EpisodeOutcome) -> None:
     manifest = run_dir.read_manifest()
     groups = dict(manifest.get("groups", {}))
-    groups[gkey.id] = {"key": gkey._asdict(), "backend": group.backend,
-                       **dict(group.description)}
+    gkey = outcome.group
+    groups[gkey.id] = {"key": gkey._asdict(), "backend": outcome.backend,
+                       **outcome.group_description}
     backends = sorted({str(g.get("backend")) for g in groups.values()})
     run_dir.update_manifest(groups=groups, backend=", ".join(backends))
 

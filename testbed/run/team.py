@@ -115,6 +115,7 @@ class Team:
     owners: dict[str, str]
     probes: tuple[str, ...] = ()
     plugins: tuple[str, ...] = ()
+    congestion_control: str | None = None  # set per socket by the nodes (rootless runs)
     roster: Roster = field(init=False)
     _nodes: dict[str, _Node] = field(default_factory=dict)
     _closing: bool = False
@@ -221,7 +222,9 @@ class Team:
         return {"agent_id": node.agent, "identity_seed": self.identity(node.agent).seed,
                 "roster": self.roster.to_wire(), "connection": self.connection,
                 "policy": self.policy, "rpc_timeout_s": self.rpc_timeout_s,
-                "durability": self.durability, "store_path": str(node.store_path)}
+                "durability": self.durability, "store_path": str(node.store_path),
+                **({"congestion_control": self.congestion_control}
+                   if self.congestion_control else {})}
 
     async def _configure_all(self) -> None:
         async def one(node: _Node) -> None:
@@ -294,7 +297,8 @@ async def open_team(*, agents: Sequence[str], central: bool,
                     durability: str = "full", rpc_timeout_s: float = 10.0,
                     owners: Mapping[str, str] | None = None,
                     probes: Sequence[str] = (),
-                    plugins: Sequence[str] = ()) -> AsyncIterator[Team]:
+                    plugins: Sequence[str] = (),
+                    congestion_control: str | None = None) -> AsyncIterator[Team]:
     """Start and configure a team of node processes; stop them all on exit.
 
     ``hosts[agent] = (netns or None, bind address)``, also for ``central`` if used.
@@ -315,7 +319,7 @@ async def open_team(*, agents: Sequence[str], central: bool,
             raise ValueError(f"hosts: no entry for {name!r}")
     team = Team(list(agents), central, campaign_seed, connection, policy, durability,
                 float(rpc_timeout_s), dict(owners or key_owners(agents, 8)), tuple(probes),
-                tuple(plugins))
+                tuple(plugins), congestion_control)
     workdir = Path(workdir)
     _make_dirs(workdir / "logs", workdir / "stores")
     sock_dir = tempfile.mkdtemp(prefix="pft-ctl-")  # short: Unix socket paths are <108 bytes

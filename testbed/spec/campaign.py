@@ -60,6 +60,16 @@ class Options:
     episode_timeout_s: float = 600.0
 
 
+@dataclass(frozen=True)
+class Execution:
+    """Where a campaign runs (``[execution]``; command-line flags override it). Not part
+    of the campaign's identity: a run may be resumed on another engine."""
+
+    cluster: str | None = None  # None: this process; "local:N" or "tcp://HOST:PORT"
+    jobs: int = 1
+    allow_mixed_backends: bool = False
+
+
 class GroupKey(NamedTuple):
     """What a topology depends on: cells with equal keys can share one."""
 
@@ -126,6 +136,7 @@ class Campaign:
     options: Options = field(default_factory=Options)
     description: str = ""
     source: str = ""
+    execution: Execution = field(default_factory=Execution)
 
     def cells(self) -> list[Cell]:
         cells: dict[Cell, None] = {}

@@ -25,6 +25,7 @@ from testbed.spec.campaign import (
     GRID_FIELDS,
     Campaign,
     CampaignError,
+    Execution,
     Options,
     fmt_number,
 )
@@ -48,7 +49,8 @@ from testbed.spec.workload import (
     template_family,
 )
 
-TOP_FIELDS = ("name", "seed", "templates", "description", "options", "grid")
+TOP_FIELDS = ("name", "seed", "templates", "description", "options", "execution", "grid")
+EXECUTION_FIELDS = ("cluster", "jobs", "allow_mixed_backends")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 PRESETS_PACKAGE = "testbed.spec"
 
@@ -101,6 +103,7 @@ def parse_campaign(data: Mapping[str, Any], *, source: str = "<campaign>") -> Ca
         raise CampaignError(f"description: {description!r} is not allowed; allowed: a string")
     templates = _templates(data["templates"], "templates")
     options = _options(data.get("options", {}))
+    execution = _execution(data.get("execution", {}))
     raw_grid = data["grid"]
     grids: tuple[dict[str, tuple[Any, ...]], ...]
     if isinstance(raw_grid, Mapping):
@@ -111,7 +114,36 @@ def parse_campaign(data: Mapping[str, Any], *, source: str = "<campaign>") -> Ca
     else:
         raise CampaignError("grid: expected a [grid] table or [[grid]] tables")
     return Campaign(name=name, seed=int(seed), templates=tuple(templates), grids=grids,
-                    options=options, description=description, source=source)
+                    options=options, description=description, source=source,
+                    execution=execution)
+
+
+def _execution(value: Any) -> Execution:
+    if not isinstance(value, Mapping):
+        raise CampaignError("execution: expected an [execution] table")
+    _no_unknown(value, EXECUTION_FIELDS, "execution")
+    out: dict[str, Any] = {}
+    if "cluster" in value:
+        cluster = value["cluster"]
+        if not (isinstance(cluster, str) and (
+                re.fullmatch(r"local:[1-9][0-9]*", cluster)
+                or re.fullmatch(r"(tcp|tls)://[^\s/:]+:[0-9]+", cluster))):
+            raise CampaignError(f"execution.cluster: {cluster!r} is not allowed; allowed: "
+                                "local:N (N >= 1) or tcp://HOST:PORT")
+        out["cluster"] = cluster
+    if "jobs" in value:
+        jobs = value["jobs"]
+        if not (_is_int(jobs) and jobs >= 1):
+            raise CampaignError(f"execution.jobs: {jobs!r} is not allowed; allowed: an "
+                                "integer >= 1")
+        out["jobs"] = int(jobs)
+    if "allow_mixed_backends" in value:
+        flag = value["allow_mixed_backends"]
+        if not isinstance(flag, bool):
+            raise CampaignError(f"execution.allow_mixed_backends: {flag!r} is not allowed; "
+                                "allowed: true or false")
+        out["allow_mixed_backends"] = flag
+    return Execution(**out)
 
 
 def _templates(value: Any, where: str) -> list[str]:
@@ -259,3 +291,10 @@ def recorded_campaign(config: Mapping[str, Any], *, source: str = "<manifest>") 
     Options are left out: the manifest stores every option, unset ones as None, which a
     campaign file may not say, and options shape neither cells nor schedules."""
     return parse_campaign({**config, "options": {}}, source=source)
+
+
+def campaign_from_config(config: Mapping[str, Any], *, source: str = "<config>") -> Campaign:
+    """The campaign ``Campaign.config()`` describes, options included (a cluster worker
+    rebuilds the campaign it runs from this)."""
+    options = {k: v for k, v in dict(config.get("options") or {}).items() if v is not None}
+    return parse_campaign({**config, "options": options}, source=source)

@@ -7,7 +7,10 @@ through the real transport (same code as node-to-node calls):
   connect + handshake per call), p50/p99;
 - record install latency (one compact record per call, over a pooled connection),
   p50, with the node's store at durability ``full`` and ``normal``;
-- head queries per second: many concurrent callers on one pooled connection.
+- head queries per second: many concurrent callers on one pooled connection;
+- the floor: a raw TCP echo of 200 B between two plain Python processes
+  (``testbed.tools.raw_echo``), measured in the same run, and the head-query p50s as
+  multiples of it (``reuse_vs_raw``, ``fresh_vs_raw``).
 
 Usage: ``python scripts/bench_rpc.py [--json FILE] [--calls N]``; importable as
 ``run_bench(calls=...) -> dict`` for ``testbed bench rpc``. Not a test: it measures.
@@ -34,6 +37,7 @@ from nodes.rpc import call_heads, call_install
 from nodes.transport import Counters
 from protocols.records import make_record
 from testbed.run.team import Team, key_owners, open_team
+from testbed.tools.raw_echo import measure_raw_echo
 
 PROBE = "bench"
 NODE = "a0"
@@ -115,9 +119,17 @@ async def bench_rpc(*, calls: int = 2000, workdir: Path | None = None) -> dict[s
     """Run the benchmark; returns the figures (JSON keys of issue 2 plus context)."""
     with tempfile.TemporaryDirectory(prefix="bench-rpc-") as tmp:
         base = Path(workdir or tmp)
+        raw = await trio.to_thread.run_sync(lambda: measure_raw_echo(calls=calls))
+        raw_fresh = await trio.to_thread.run_sync(
+            lambda: measure_raw_echo(calls=max(calls // 4, 100), fresh=True))
         full = await _bench_team(base / "full", "full", calls)
         normal = await _bench_team(base / "normal", "normal", calls)
+    raw_p50 = _percentile(raw, 0.50)
     return {
+        "raw_echo_p50_ms": round(raw_p50, 4),
+        "raw_echo_fresh_p50_ms": round(_percentile(raw_fresh, 0.50), 4),
+        "reuse_vs_raw": round(_percentile(full["reuse"], 0.50) / raw_p50, 2),
+        "fresh_vs_raw": round(_percentile(full["fresh"], 0.50) / raw_p50, 2),
         "reuse_p50_ms": round(_percentile(full["reuse"], 0.50), 4),
         "reuse_p99_ms": round(_percentile(full["reuse"], 0.99), 4),
         "fresh_p50_ms": round(_percentile(full["fresh"], 0.50), 4),

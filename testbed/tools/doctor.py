@@ -26,7 +26,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from testbed.host import kernel
+from testbed.host import kernel, userns
 from testbed.host.ledger import scratch_ledger
 from testbed.links import netem, userspace
 from testbed.links.backends import AUTO_ORDER, auto_choice
@@ -48,6 +48,7 @@ CHECK_NAMES = (
     "tun",
     "netem",
     "tbf",
+    "rootless",
     "python packages",
     "congestion control",
     "backend auto",
@@ -190,10 +191,16 @@ def _check_backend(checks: Sequence[Check]) -> Check:
                  "none: only the loopback profile can run (shaped profiles need netns + TUN or netem)")
 
 
+def check_rootless() -> Check:
+    """Unprivileged user namespaces: can an ordinary user run topologies here?"""
+    ok, detail = userns.probe()
+    return Check("rootless", ok, f"userns: {detail}")
+
+
 def run_doctor() -> list[Check]:
     """Run every probe (in the order of CHECK_NAMES); never raises for an absent feature."""
-    checks = [check_root(), check_netns(), *backend_checks(), check_packages(),
-              check_congestion_control()]
+    checks = [check_root(), check_netns(), *backend_checks(), check_rootless(),
+              check_packages(), check_congestion_control()]
     checks.append(_check_backend(checks))
     return checks
 

@@ -19,6 +19,7 @@ import pandas as pd
 import pytest
 
 from testbed.results.schema import ACTION_COLUMNS, EPISODE_COLUMNS
+from tests.leftovers import run_objects
 
 REQUIRED_ACTION_COLUMNS = (
     "campaign", "cell", "episode", "policy", "network", "backend", "trace_offset_s",
@@ -159,10 +160,8 @@ def test_parallel_lanes_then_extend_on_real_topologies(tmp_path: Path) -> None:
     """Two topologies live at once (own prefixes, emulators and nodes), then the campaign
     grows by a template with --extend: every episode once, none aborted, physics intact,
     and nothing left behind in the kernel."""
-    from pyroute2 import netns
-
     network = "fixed" if _is_root() and Path("/dev/net/tun").exists() else "loopback"
-    before = set(netns.listnetns())
+    before = run_objects()
     campaign = _write_campaign(tmp_path / "lanes.toml", "lanes", [network], 2,
                                ["owner_head_freshness", "planfence"])
     out = tmp_path / "out"
@@ -194,7 +193,7 @@ def test_parallel_lanes_then_extend_on_real_topologies(tmp_path: Path) -> None:
     if network == "fixed":
         stall = episodes[episodes["policy"] == "planfence"]["stall_ms_per_action"]
         assert (stall > 20).all(), stall.tolist()
-    assert set(netns.listnetns()) <= before, "a lane left a namespace behind"
+    assert run_objects() - before == set(), "a lane left a namespace behind"
 
 
 def test_bad_campaign_file_gives_one_line_error(tmp_path: Path) -> None:

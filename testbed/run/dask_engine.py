@@ -1,0 +1,249 @@
+"""The cluster engine: work units on a ``dask.distributed`` cluster.
+
+Rules (the engine side; the worker side is ``testbed.run.remote``):
+
+1. ``open_dask_engine("local:N" | "tcp://HOST:PORT")`` starts a LocalCluster of N
+   worker processes (one lane each) or connects to a running scheduler. Every worker
+   declares ``lanes`` resources (``testbed worker --lanes N``); each unit asks for one
+   lane, so a host runs at most its lanes' worth of units at once.
+2. Before anything runs, every worker's summary (host, kernel, which backends work,
+   congestion controls) is collected for the manifest; a campaign whose shaped
+   networks would run on different backends on different workers is refused unless
+   ``allow_mixed_backends`` (the manifest then records each episode's backend, as
+   always).
+3. Episodes are marked started when their unit is submitted; outcomes are committed by
+   the campaign loop as units finish. A unit whose worker died is resubmitted by the
+   scheduler; the worker side caps that at one more attempt (``worker_lost`` after).
+4. Loopback units are submitted one at a time and waited for before anything else is
+   sent (their stall is CPU time); emulated-link units fill every lane.
+5. Cancelling (Ctrl-C) sets the run's cancel event, cancels the futures and waits for
+   the workers' running units to tear their topologies down.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import dask
+import trio
+from distributed import Client, Event, LocalCluster, as_completed
+from distributed.diagnostics.plugin import WorkerPlugin
+from distributed.scheduler import KilledWorker
+
+from testbed.errors import HostError, RunFailure, UserError
+from testbed.run.engines import OnOutcome, OnStart
+from testbed.run.remote import (
+    UnitTask,
+    cancel_event_name,
+    off_loop,
+    run_unit_task,
+    running_units,
+    worker_summary,
+)
+from testbed.run.units import EpisodeOutcome, WorkUnit
+from testbed.spec.campaign import Campaign
+
+CANCEL_WAIT_S = 60.0
+CONNECT_TIMEOUT_S = 30.0
+WORKER_WAIT_S = 60.0
+
+
+def parse_cluster(spec: str) -> tuple[str, int | str]:
+    """``local:N`` -> ("local", N); ``tcp://HOST:PORT`` -> ("scheduler", address)."""
+    if spec.startswith("local:"):
+        count = spec.removeprefix("local:")
+        if count.isdigit() and int(count) >= 1:
+            return "local", int(count)
+    elif spec.startswith(("tcp://", "tls://")) and ":" in spec.split("://", 1)[1]:
+        return "scheduler", spec
+    raise UserError(f"cluster: {spec!r} is not allowed; allowed: local:N (N >= 1) or "
+                    "tcp://HOST:PORT of a dask scheduler")
+
+
+class WorkerLostError(RunFailure):
+    """The cluster gave up on a unit (its workers died); its episodes are aborted."""
+
+
+class DaskEngine:
+    """Runs units on a dask cluster (see the module rules)."""
+
+    per_template = True
+
+    def __init__(self, client: Any, *, cluster: str, backend: str | None,
+                 workdir: Path | None, allow_mixed_backends: bool = False) -> None:
+        self.client = client
+        self.cluster = cluster
+        self.backend = backend
+        self.workdir = workdir
+        self.allow_mixed_backends = allow_mixed_backends
+        self.token = secrets.token_hex(4)
+        self.workers: dict[str, Any] = {}
+
+    def describe(self) -> dict[str, Any]:
+        return {"engine": "dask", "cluster": self.cluster,
+                "scheduler": self.client.scheduler.address, "workers": self.workers,
+                "allow_mixed_backends": self.allow_mixed_backends}
+
+    async def survey(self, campaign: Campaign) -> None:
+        """Collect every worker's summary and refuse a mix of backends (rule 2)."""
+        def collect() -> dict[str, Any]:
+            try:
+                self.client.wait_for_workers(1, timeout=WORKER_WAIT_S)
+            except TimeoutError:
+                return {}
+            summaries: dict[str, Any] = self.client.run(worker_summary)
+            return summaries
+
+        summaries = await trio.to_thread.run_sync(collect)
+        if not summaries:
+            raise HostError(f"cluster {self.cluster}: no worker connected within "
+                            f"{WORKER_WAIT_S:g} s; start one with `testbed worker SCHEDULER`")
+        self.workers = summaries
+        shaped = any(cell.network != "loopback" for cell in campaign.cells())
+        if not shaped:
+            return
+        wanted = self.backend or campaign.options.backend
+        choices = {}
+        for address, summary in summaries.items():
+            if wanted == "auto":
+                choice = summary["backend_auto"]
+            else:
+                choice = wanted if summary["backends"][wanted]["works"] else None
+            if choice is None:
+                raise HostError(f"worker {address} ({summary['host']}) cannot run the "
+                                f"campaign's shaped networks with backend {wanted}; "
+                                "see `testbed doctor` on that host")
+            choices[address] = choice
+        if len(set(choices.values())) > 1 and not self.allow_mixed_backends:
+            raise UserError("cluster: workers would run different link backends ("
+                            + ", ".join(f"{a}: {c}" for a, c in sorted(choices.items()))
+                            + "); pass --backend, or allow it with --allow-mixed-backends")
+
+    async def run(self, units: Sequence[WorkUnit], campaign: Campaign, *,
+                  on_start: OnStart, on_outcome: OnOutcome) -> None:
+        tasks = [UnitTask(self.token, i, campaign.config(), campaign.source,
+                          tuple((cell.id, template) for cell, template in unit.episodes),
+                          self.backend, str(self.workdir) if self.workdir else None)
+                 for i, unit in enumerate(units)]
+        paired = list(zip(units, tasks, strict=True))
+        try:
+            for unit, task in [p for p in paired if p[0].loopback]:
+                await self._batch([(unit, task)], on_start, on_outcome)
+            await self._batch([p for p in paired if not p[0].loopback], on_start, on_outcome)
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(self._cancel_all)
+
+    async def _batch(self, batch: Sequence[tuple[WorkUnit, UnitTask]], on_start: OnStart,
+                     on_outcome: OnOutcome) -> None:
+        if not batch:
+            return
+        for unit, _ in batch:
+            for key in unit.keys:
+                on_start(key)
+        futures = await trio.to_thread.run_sync(lambda: [
+            self.client.submit(run_unit_task, task, key=task.key, pure=False,
+                               resources={"lanes": 1}) for _, task in batch])
+        by_key = {future.key: unit for future, (unit, _) in zip(futures, batch, strict=True)}
+        send, receive = trio.open_memory_channel[Any](math.inf)
+        token = trio.lowlevel.current_trio_token()
+
+        def wait_all() -> None:
+            for future in as_completed(futures):
+                trio.from_thread.run_sync(send.send_nowait, future, trio_token=token)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.to_thread.run_sync, wait_all)
+            for _ in futures:
+                future = await receive.receive()
+                for outcome in await trio.to_thread.run_sync(
+                        self._outcomes, future, by_key[future.key]):
+                    on_outcome(outcome)
+
+    def _outcomes(self, future: Any, unit: WorkUnit) -> list[EpisodeOutcome]:
+        try:
+            result: list[EpisodeOutcome] = future.result()
+        except KilledWorker as exc:
+            reason = f"worker_lost: the cluster gave up on this unit ({exc})"
+            return [EpisodeOutcome(key, cell, template, None, reason, 0.0, "", unit.group)
+                    for key, (cell, template) in zip(unit.keys, unit.episodes, strict=True)]
+        return result
+
+    def _cancel_all(self) -> None:
+        Event(cancel_event_name(self.token), client=self.client).set()
+        deadline = time.monotonic() + CANCEL_WAIT_S
+        while time.monotonic() < deadline:
+            try:
+                busy = sum(self.client.run(running_units).values())
+            except (OSError, TimeoutError):
+                return
+            if not busy:
+                return
+            time.sleep(0.2)
+
+
+def _clean_dead_runs() -> list[str]:
+    """Undo the ledgers of runs whose owner died (a killed worker's topology)."""
+    import os
+
+    from testbed.host.ledger import clean_all
+
+    return clean_all() if os.geteuid() == 0 else []
+
+
+class CleanDeadRuns(WorkerPlugin):  # type: ignore[misc]
+    """Worker plugin: every worker, also one restarted after a crash, first removes
+    what dead runs on its host left behind (``testbed clean``'s rule: only ledgers
+    whose owner process is gone)."""
+
+    name = "testbed-clean-dead-runs"
+
+    def setup(self, worker: Any) -> None:
+        off_loop(_clean_dead_runs)
+
+
+def _register_cleanup(client: Any) -> None:
+    client.register_plugin(CleanDeadRuns(), name=CleanDeadRuns.name)
+
+
+@asynccontextmanager
+async def open_dask_engine(cluster: str, *, backend: str | None = None,
+                           workdir: Path | None = None, allow_mixed_backends: bool = False,
+                           ) -> AsyncIterator[DaskEngine]:
+    """Start (``local:N``) or join (``tcp://...``) a cluster; close what we started."""
+    kind, value = parse_cluster(cluster)
+    local: Any = None
+
+    def connect() -> Any:
+        nonlocal local
+        if kind == "local":
+            with dask.config.set({"distributed.scheduler.allowed-failures": 1}):
+                local = LocalCluster(n_workers=int(value), threads_per_worker=1,
+                                     processes=True, resources={"lanes": 1},
+                                     dashboard_address=None, host="127.0.0.1")
+            return Client(local)
+        try:
+            return Client(str(value), timeout=CONNECT_TIMEOUT_S)
+        except OSError as exc:
+            raise HostError(f"cluster: cannot reach the scheduler at {value} ({exc}); "
+                            "start one with `dask scheduler`") from None
+
+    client = await trio.to_thread.run_sync(connect)
+    try:
+        await trio.to_thread.run_sync(_register_cleanup, client)
+        yield DaskEngine(client, cluster=cluster, backend=backend, workdir=workdir,
+                         allow_mixed_backends=allow_mixed_backends)
+    finally:
+        with trio.CancelScope(shield=True):
+            def close() -> None:
+                client.close()
+                if local is not None:
+                    local.close()
+
+            await trio.to_thread.run_sync(close)

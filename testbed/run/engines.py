@@ -1,0 +1,99 @@
+"""Execution engines: who runs a campaign's work units.
+
+One execution model, two engines. The campaign loop (``testbed.run.loop``) cuts the
+pending episodes into work units (``testbed.run.units``) and hands them to an engine,
+which calls back ``on_start(key)`` before an episode runs and ``on_outcome(outcome)``
+after it ended; the loop alone writes the run directory.
+
+- :class:`LocalEngine`: trio lanes in this process (``--jobs N``). Each lane opens its
+  own topologies (own prefix, namespaces, emulator and node processes).
+- ``testbed.run.dask_engine.DaskEngine``: each unit goes to a ``dask.distributed``
+  worker, which runs it whole (topology, team, episodes) and returns its outcomes.
+
+Loopback units measure CPU time, so both engines run them first, one at a time, with
+nothing else running beside them; then the emulated-link units fill the lanes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import trio
+
+from testbed.run.contract import Runner
+from testbed.run.units import EpisodeOutcome, ScheduleCache, WorkUnit, run_unit
+from testbed.spec.campaign import Campaign
+
+OnStart = Callable[[str], None]
+OnOutcome = Callable[[EpisodeOutcome], None]
+
+
+class Engine(Protocol):
+    #: Whether units are (group, template) slices (True) or whole groups.
+    per_template: bool
+
+    def describe(self) -> dict[str, Any]:
+        """What the manifest records of the engine (its kind, lanes, cluster)."""
+        ...
+
+    async def run(self, units: Sequence[WorkUnit], campaign: Campaign, *,
+                  on_start: OnStart, on_outcome: OnOutcome) -> None:
+        """Run every unit; return when all ended (or raise, stopping the others)."""
+        ...
+
+
+class LocalEngine:
+    """Lanes in this process: ``jobs`` topologies at once."""
+
+    def __init__(self, runner: Runner, *, jobs: int = 1) -> None:
+        self.runner = runner
+        self.jobs = jobs
+        self.per_template = jobs > 1
+
+    def describe(self) -> dict[str, Any]:
+        return {"engine": "local", "jobs": self.jobs}
+
+    async def run(self, units: Sequence[WorkUnit], campaign: Campaign, *,
+                  on_start: OnStart, on_outcome: OnOutcome) -> None:
+        queue = list(units) if self.jobs == 1 else [u for u in units if u.loopback]
+
+        async def lane() -> None:
+            schedules = ScheduleCache(campaign)
+            while queue:
+                await run_unit(queue.pop(0), self.runner, campaign, on_start=on_start,
+                               on_outcome=on_outcome, schedules=schedules)
+
+        await lane()  # one lane: everything in campaign order; else loopback first, alone
+        if self.jobs == 1:
+            return
+        queue[:] = [u for u in units if not u.loopback]
+        await run_lanes(lane, min(self.jobs, len(queue)))
+
+
+async def run_lanes(lane: Callable[[], Any], count: int) -> None:
+    """Run ``count`` lanes in one nursery; a failure in one stops all of them (their
+    episodes stay "started" and run again on --resume). A single failure is re-raised
+    as itself, not as an exception group, so callers see the same errors as with one
+    lane."""
+    if count <= 0:
+        return
+    if count == 1:
+        await lane()
+        return
+    try:
+        async with trio.open_nursery() as nursery:
+            for _ in range(count):
+                nursery.start_soon(lane)
+    except BaseExceptionGroup as group:
+        leaves = [e for e in _leaves(group) if not isinstance(e, trio.Cancelled)]
+        if len(leaves) == 1:
+            raise leaves[0] from None
+        raise
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out
