@@ -4,14 +4,15 @@
 # campaign inside it. See docs/vm-lane.md.
 #
 # Usage: scripts/vm-test.sh [PYTEST ARGS...]      (as root; extra args go to pytest -m netem)
-# Exit:  the guest's pytest status (1 if the smoke campaign or a module load failed while
-#        pytest passed); 77 with a one-line reason when this machine cannot boot a guest.
+# Exit:  the guest's pytest status (1 if a netem test skipped, the smoke campaign or a
+#        module load failed, or the guest's kernel log has sch_tbf warnings, while pytest
+#        passed); 77 with a one-line reason when this machine cannot boot a guest.
 # Env:   PLANFENCE_VM_CACHE (default /var/lib/planfence-vm: tools venv, kernel, debs),
 #        VM_OUT (run directory, default .vm/runs/<stamp>), VM_CPUS (2), VM_MEMORY (3G),
 #        VM_TIMEOUT (seconds for the whole guest, 2400), VM_KERNEL_PKG (a Debian
 #        linux-image-* package; default: what linux-image-amd64 depends on, or the one
-#        cached), VM_APPEND (extra guest kernel arguments), VM_SMOKE / VM_RTT / VM_MIXED
-#        (see scripts/vm-guest.sh).
+#        cached), VM_APPEND (extra guest kernel arguments), VM_SMOKE / VM_RTT / VM_BENCH /
+#        VM_ALLOW_SKIP (see scripts/vm-guest.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd -P)
@@ -150,7 +151,8 @@ rwdirs=(--rwdir "$REPO")
 case "$RUN/" in "$REPO"/*) ;; *) rwdirs+=(--rwdir "$RUN") ;; esac
 mv "$PYMAP" "$RUN/pyimg.map"
 # the guest starts with a fresh environment: hand over its switches explicitly
-guest_cmd=$(printf '%q ' env "VM_SMOKE=${VM_SMOKE:-1}" "VM_RTT=${VM_RTT:-1}" "VM_MIXED=${VM_MIXED:-0}" \
+guest_cmd=$(printf '%q ' env "VM_SMOKE=${VM_SMOKE:-1}" "VM_RTT=${VM_RTT:-1}" "VM_BENCH=${VM_BENCH:-0}" \
+  "VM_ALLOW_SKIP=${VM_ALLOW_SKIP:-0}" \
   bash "$REPO/scripts/vm-guest.sh" "$RUN" "$@")
 # Bytecode up front: every file the guest stats or reads crosses 9p (about 2 ms each).
 .venv/bin/python -m compileall -q testbed nodes protocols tests scripts >/dev/null 2>&1
@@ -208,8 +210,8 @@ if [ ! -s "$RUN/status" ]; then
   say "guest ended without a status (vng exit $vng_rc; timeout ${TIMEOUT}s?); see $RUN/console.log"
   exit 1
 fi
-read -r p s m < <(sed -E 's/[a-z]+=//g' "$RUN/status")
+read -r p s m t < <(sed -E 's/[a-z]+=//g' "$RUN/status")
 say "status: $(cat "$RUN/status"); artifacts in $RUN"
 [ "$p" = 0 ] || exit "$p"
-[ "$s" = 0 ] && [ "$m" = 0 ] || exit 1
+[ "$s" = 0 ] && [ "$m" = 0 ] && [ "${t:-1}" = 0 ] || exit 1
 exit 0

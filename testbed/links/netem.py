@@ -52,6 +52,7 @@ from testbed.links.netem_plan import (
     compile_schedule,
     current_step,
     plan_direction,
+    root_counters,
     step_changes,
     tbf_params,
 )
@@ -236,10 +237,13 @@ class NetemBackend:
     def _create(self, hosts: Sequence[LinkHost]) -> None:
         from pyroute2 import netns as pr_netns
 
+        from testbed.host import kernel
+
         if self.ledger is not None:
             self.ledger.record_netns(self.switch_ns)
         _kernel(f"create netns {self.switch_ns}", lambda: pr_netns.create(self.switch_ns))
         self._created_switch = True
+        kernel.disable_ipv6(self.switch_ns)  # before its bridge and veths exist
         sw = self._ipr(self.switch_ns)
         _kernel(f"add bridge {self.bridge}", lambda: sw.link("add", ifname=self.bridge, kind="bridge"))
         br_index = _kernel("lookup bridge", lambda: sw.link_lookup(ifname=self.bridge))[0]
@@ -314,8 +318,7 @@ class NetemBackend:
         return counters
 
     async def statistics(self) -> dict[str, float]:
-        """The trace replay's lateness and skipped steps since the last clear
-        (``netem_plan.ReplayLateness``; rule 3 of links.backend)."""
+        """The replay's lateness since the last clear (``netem_plan.ReplayLateness``)."""
         await trio.lowlevel.checkpoint()
         return self._lateness.snapshot()
 
@@ -332,16 +335,10 @@ class NetemBackend:
         out: dict[str, dict[str, int]] = {}
         for d in self._directions:
             ipr = self._ipr(d.netns)
-            link = _kernel(f"stats of {d.ifname}", partial(ipr.get_links, d.index))[0]
-            stats = link.get_attr("IFLA_STATS64") or {}
-            drops = 0
-            for q in _kernel(f"qdiscs of {d.ifname}", partial(ipr.get_qdiscs, index=d.index)):
-                qstats = q.get_attr("TCA_STATS") or {}
-                drops += int(qstats.get("drop", 0))
+            qdiscs = _kernel(f"qdiscs of {d.ifname}", partial(ipr.get_qdiscs, index=d.index))
             row = out.setdefault(d.host, {})
-            row[f"{d.side}_packets"] = int(stats.get("tx_packets", 0))
-            row[f"{d.side}_bytes"] = int(stats.get("tx_bytes", 0))
-            row[f"{d.side}_drops"] = drops
+            for key, value in root_counters(qdiscs).items():
+                row[f"{d.side}_{key}"] = value
         return out
 
     def teardown(self) -> None:
@@ -453,12 +450,15 @@ async def open_netem_links(
                            trace_offset_ms=trace_offset_s * 1000.0, interval_ms=interval_ms)
     try:
         await trio.to_thread.run_sync(backend.build, hosts)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(backend.run_schedule)
-            try:
-                yield backend
-            finally:
-                nursery.cancel_scope.cancel()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(backend.run_schedule)
+                try:
+                    yield backend
+                finally:
+                    nursery.cancel_scope.cancel()
+        except BaseExceptionGroup as group:  # the body's error as itself, as userspace's
+            raise (group.exceptions[0] if len(group.exceptions) == 1 else group) from None
     finally:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(backend.teardown)

@@ -155,7 +155,8 @@ class ReplayLateness:
 
 # ----------------------------------------------------------------- pure: qdisc parameters
 
-FRAME_BYTES = MTU_BYTES + 14
+ETHERNET_HEADER_BYTES = 14
+FRAME_BYTES = MTU_BYTES + ETHERNET_HEADER_BYTES
 """A full-size frame as a veth's qdisc counts it (IP packet + Ethernet header)."""
 
 PSCHED_TICKS_PER_US = 1000 / 64
@@ -198,6 +199,22 @@ def tbf_burst_request(rate_bytes_s: int) -> int:
     while kernel_tbf_burst(rate_bytes_s, burst) < want:
         burst += 1
     return burst
+
+
+TC_H_ROOT = 0xFFFFFFFF
+
+
+def root_counters(qdiscs: Sequence[Any]) -> dict[str, int]:
+    """packets, bytes and drops of one direction from its root qdisc (netem), given the
+    pyroute2 qdisc messages of the device. The root counts what left it after its
+    children (tbf) and every drop below it once (children's drops too, so summing the
+    qdiscs would count a tbf drop twice); packets as segments, bytes as IP bytes (the
+    qdisc counts a 14-byte Ethernet header per segment), as the emulator counts them."""
+    root = [q for q in qdiscs if q["parent"] == TC_H_ROOT]
+    stats = (root[0].get_attr("TCA_STATS") if root else None) or {}
+    packets = int(stats.get("packets", 0))
+    return {"packets": packets, "bytes": int(stats.get("bytes", 0)) - ETHERNET_HEADER_BYTES * packets,
+            "drops": int(stats.get("drop", 0))}
 
 
 def tbf_params(rate_kbit: float, *, limit_bytes: int) -> dict[str, int]:

@@ -43,9 +43,10 @@ pytestmark = [pytest.mark.privileged, pytest.mark.netem]
 
 TC_H_ROOT = 0xFFFFFFFF
 NETEM_HANDLE = 0x10000  # 1:0
-TBF_HANDLE = 0xA0000  # 10:0
+TBF_HANDLE = 0x100000  # 10:0 (tc handles are hex)
 TBF_PARENT = 0x10001  # 1:1
 UDP_FULL_PAYLOAD = 1500 - 20 - 8  # a 1500-byte IP packet, a 1514-byte frame
+IP_MTU_DISCOVER, IP_PMTUDISC_DO = 10, 2  # <linux/in.h>; Python's socket lacks them
 SWEEP_KBIT = (500.0, 1200.0, 2000.0, 10_800.0, 12_000.0, 235_200.0)
 """Low, the rates the VM lane saw fail (and 2000, which happened to work), the maximum
 a shipped trace reaches in 10 ms (T-Mobile downlink)."""
@@ -119,7 +120,7 @@ def _udp(src: Host, dst: Host, count: int, payload: int, *, port: int,
     tx = kernel.socket_in_netns(src.netns, socket.AF_INET, socket.SOCK_DGRAM)
     try:
         rx.bind((dst.address, port))
-        tx.setsockopt(socket.IPPROTO_IP, socket.IP_MTU_DISCOVER, socket.IP_PMTUDISC_DO)
+        tx.setsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO)  # DF, never fragment
         for _ in range(count):
             tx.sendto(bytes(payload), (dst.address, port))
             if gap_s:
@@ -386,13 +387,14 @@ def burst_then_outage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Networ
                                                    delay_ms=1.0))
 
 
-async def _wait_rate(netns: str, ifname: str, rate_bytes_s: int, timeout_s: float) -> float:
-    """Seconds until tbf on IFNAME runs at RATE_BYTES_S (inf if it does not in time)."""
-    start = time.monotonic()
-    while time.monotonic() - start < timeout_s:
+async def _wait_rate(netns: str, ifname: str, rate_bytes_s: int, *, since: float,
+                     timeout_s: float) -> float:
+    """Seconds from SINCE (time.monotonic()) until tbf on IFNAME was seen at
+    RATE_BYTES_S (inf if not within TIMEOUT_S of SINCE)."""
+    while time.monotonic() - since < timeout_s:
         q = await trio.to_thread.run_sync(_qdiscs, netns, ifname)
         if q["tbf"]["rate"] == rate_bytes_s:
-            return time.monotonic() - start
+            return time.monotonic() - since
         await trio.sleep(0.05)
     return math.inf
 
@@ -403,12 +405,12 @@ async def test_restart_replays_the_schedule_from_its_start(burst_then_outage: Ne
     async with open_topology(burst_then_outage, ["a", "b"], backend="netem") as topo:
         _, _, netns, ifname, _ = _directions(topo)[0]
         for _ in range(2):
-            await topo.restart_trace()
-            assert await _wait_rate(netns, ifname, full, 1.5) < 1.5
+            origin = await topo.restart_trace()
+            assert await _wait_rate(netns, ifname, full, since=origin, timeout_s=1.5) < 1.5
             # physics: the outage begins 2 s into the trace, not before (a lagging loop
             # may apply it late; the wide bound is for an emulated CPU)
-            to_zero = await _wait_rate(netns, ifname, zero, 6.0)
-            assert 1.9 <= to_zero < 6.0
+            to_zero = await _wait_rate(netns, ifname, zero, since=origin, timeout_s=6.0)
+            assert 2.0 <= to_zero < 6.0
 
 
 # ---------------------------------------------------------------- teardown
