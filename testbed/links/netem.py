@@ -300,11 +300,14 @@ class NetemBackend:
             self._set_rates(changes)
 
     def _set_rates(self, changes: Sequence[tuple[int, float]]) -> None:
+        from testbed.host.qdisc import QdiscChanges  # encoded once per rate (its doc)
+
         for i, rate_kbit in changes:
             d = self._directions[i]
-            ipr = self._ipr(d.netns)
+            tc = self._iprs.get(f"tc {d.netns}") or self._iprs.setdefault(
+                f"tc {d.netns}", QdiscChanges(d.netns))  # closed with the IPRoutes
             _kernel(f"change tbf on {d.ifname} in {d.netns}",
-                    partial(ipr.tc, "change", "tbf", d.index, handle="10:0", parent="1:1",
+                    partial(tc.change, "tbf", d.index, handle=0x100000, parent=0x10001,
                             **tbf_params(rate_kbit, limit_bytes=d.plan.limit_bytes)))
             d.current_kbit = rate_kbit
 
