@@ -16,7 +16,15 @@ Rules:
    (:func:`encode_change`, pure).
 2. Every request waits for its acknowledgement; a refusal is a :class:`KernelError`
    with the kernel's errno.
-3. Blocking, like :mod:`testbed.host.kernel`: call it through ``trio.to_thread``.
+3. A qdisc change does not wake a throttled qdisc: tbf sleeps until the timer it set at
+   the old rate (a frame at tbf's 8 kbit/s "zero" rate: 1.5 s) even when the new rate
+   would send its backlog at once. :meth:`QdiscChanges.kick` wakes the device's qdiscs
+   by enqueueing a bare 14-byte Ethernet header (zero source and destination, the
+   local experimental EtherType 0x88B5): any enqueue makes the root dequeue, and netem
+   asks its child (tbf) on every dequeue. The frame costs 14 bytes of tokens, leaves
+   after the link's delay and is dropped by whatever receives it (a bridge drops a
+   zero source address; a host has no handler for the type).
+4. Blocking, like :mod:`testbed.host.kernel`: call it through ``trio.to_thread``.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ NLMSG_ERROR = 2
 CHANGE_FLAGS = 0x1 | 0x4 | 0x100  # NLM_F_REQUEST | NLM_F_ACK | NLM_F_REPLACE (pyroute2's "change")
 _HEADER = struct.Struct("=IHHII")  # length, type, flags, sequence, port id
 _CACHE_MAX = 8192
+KICK_FRAME = bytes(12) + b"\x88\xb5"
 
 
 def encode_change(kind: str, index: int, *, handle: int, parent: int, **params: Any) -> bytes:
@@ -59,6 +68,8 @@ class QdiscChanges:
     def __init__(self, netns: str | None) -> None:
         self._sock = socket_in_netns(netns, socket.AF_NETLINK, socket.SOCK_RAW)
         self._sock.bind((0, 0))
+        self._netns = netns
+        self._packet: socket.socket | None = None
         self._messages: dict[tuple[Any, ...], bytes] = {}
         self._seq = 0
 
@@ -83,5 +94,16 @@ class QdiscChanges:
                     raise KernelError(-code, f"change {kind} {handle:#x} on ifindex {index}")
                 return
 
+    def kick(self, ifname: str) -> None:
+        """Make IFNAME's qdiscs dequeue now (rule 3)."""
+        if self._packet is None:
+            self._packet = socket_in_netns(self._netns, socket.AF_PACKET, socket.SOCK_RAW)
+        try:
+            self._packet.sendto(KICK_FRAME, (ifname, 0))
+        except OSError as exc:
+            raise KernelError(exc.errno or 5, f"kick the qdiscs of {ifname}") from exc
+
     def close(self) -> None:
         self._sock.close()
+        if self._packet is not None:
+            self._packet.close()

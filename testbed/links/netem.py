@@ -47,13 +47,10 @@ from testbed.links.netem_plan import (
     DEFAULT_INTERVAL_MS,
     ZERO_RATE_FLOOR_KBIT,
     DirectionPlan,
-    RateStep,
     ReplayLateness,
     compile_schedule,
-    current_step,
     plan_direction,
     root_counters,
-    step_changes,
     tbf_params,
 )
 from testbed.links.profiles import LinkSpec, NetworkProfile
@@ -309,6 +306,8 @@ class NetemBackend:
             _kernel(f"change tbf on {d.ifname} in {d.netns}",
                     partial(tc.change, "tbf", d.index, handle=0x100000, parent=0x10001,
                             **tbf_params(rate_kbit, limit_bytes=d.plan.limit_bytes)))
+            if (d.current_kbit or 0.0) <= ZERO_RATE_FLOOR_KBIT < rate_kbit:  # tbf sleeps on
+                _kernel(f"kick {d.ifname}", partial(tc.kick, d.ifname))  # its old timer
             d.current_kbit = rate_kbit
 
     @property
@@ -398,6 +397,8 @@ class NetemBackend:
         return now
 
     async def _replay(self, chunk_ms: float) -> None:
+        from testbed.links.netem_replay import play_steps  # catches up when late
+
         traces = self._traces()
         if all(t is None for t in traces):
             await trio.sleep_forever()
@@ -411,22 +412,10 @@ class NetemBackend:
                 for t in traces
             ]
             n_steps = max(len(s) for s in per_direction if s is not None)
-            await self._play_steps(per_direction, n_steps, start + chunk_start / 1000.0)
-
-    async def _play_steps(self, per_direction: Sequence[Sequence[RateStep] | None],
-                          n_steps: int, first_s: float) -> None:
-        """Play one chunk: step k is due at FIRST_S + k intervals (trio time); a loop
-        that wakes late plays the step in force now and skips those already past."""
-        k, interval_s = 0, self.interval_ms / 1000.0
-        while k < n_steps:
-            await trio.sleep_until(first_s + k * interval_s)
-            now_k = current_step((trio.current_time() - first_s) * 1000.0, self.interval_ms)
-            k = self._lateness.catch_up(k, now_k, n_steps)
-            changes = step_changes(per_direction, k, [d.current_kbit for d in self._directions])
-            if changes:
-                await self._apply_changes(changes)
-                self._lateness.record((trio.current_time() - first_s - k * interval_s) * 1000.0)
-            k += 1
+            await play_steps(per_direction, n_steps, start + chunk_start / 1000.0,
+                             interval_ms=self.interval_ms, apply=self._apply_changes,
+                             rates=lambda: [d.current_kbit for d in self._directions],
+                             lateness=self._lateness)
 
     async def _apply_changes(self, changes: list[tuple[int, float]]) -> None:
         await trio.to_thread.run_sync(self.set_rates, changes)

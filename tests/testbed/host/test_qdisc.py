@@ -66,3 +66,79 @@ def test_fast_changes_equal_pyroute2_changes() -> None:
             assert refused.value.errno == 19  # ENODEV
         finally:
             fast.close()
+
+
+def _arrivals_after_a_rate_rise(kick: bool) -> list[float]:
+    """Five 1400-byte datagrams into a tbf at the zero floor, then 12 Mbit/s after 0.1 s
+    (with or without a kick); their arrival times (s) from the rate change."""
+    import socket
+    import threading
+    import time
+
+    from pyroute2 import IPRoute
+
+    from testbed.host import kernel
+
+    with scratch_veth() as (netns, ifname, ipr):
+        far = f"{netns}far"
+        kernel.create_netns(far)
+        try:
+            index = ipr.link_lookup(ifname=ifname)[0]
+            peer = ifname[:-1] + "b"
+            ipr.link("set", index=ipr.link_lookup(ifname=peer)[0], net_ns_fd=far)
+            ipr.addr("add", index=index, address="198.18.9.1", prefixlen=24)
+            with IPRoute(netns=far) as other:
+                pi = other.link_lookup(ifname=peer)[0]
+                other.addr("add", index=pi, address="198.18.9.2", prefixlen=24)
+                other.link("set", index=pi, state="up")
+            ipr.tc("add", "tbf", index, handle="10:0", **tbf_params(0.0, limit_bytes=150_000))
+            rx = kernel.socket_in_netns(far, socket.AF_INET, socket.SOCK_DGRAM)
+            tx = kernel.socket_in_netns(netns, socket.AF_INET, socket.SOCK_DGRAM)
+            rx.bind(("198.18.9.2", 9999))
+            rx.settimeout(3.0)
+            seen: list[float] = []
+
+            def receive() -> None:
+                try:
+                    while len(seen) < 5:
+                        rx.recv(2048)
+                        seen.append(time.monotonic())
+                except TimeoutError:
+                    pass
+
+            thread = threading.Thread(target=receive)
+            thread.start()
+            fast = QdiscChanges(netns)
+            try:
+                for _ in range(5):
+                    tx.sendto(bytes(1400), ("198.18.9.2", 9999))
+                time.sleep(0.1)
+                fast.change("tbf", index, handle=TBF, parent=0xFFFFFFFF,
+                            **tbf_params(12_000.0, limit_bytes=150_000))
+                changed = time.monotonic()
+                if kick:
+                    fast.kick(ifname)
+                thread.join()
+            finally:
+                fast.close()
+                rx.close()
+                tx.close()
+            return [t - changed for t in seen]
+        finally:
+            kernel.remove_netns(far)
+
+
+@pytest.mark.privileged
+def test_a_kick_wakes_a_tbf_that_sleeps_on_its_old_rate() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    ok, why = probe_qdisc("tbf", tbf_params(1000, limit_bytes=15_000))
+    if not ok:
+        pytest.skip(f"tbf unavailable here: {why}")
+    # without a kick the backlog waits for the timer set at 8 kbit/s (a frame: 1.4 s,
+    # less what the bucket held); with one it leaves at 12 Mbit/s (1 ms a frame)
+    slept = _arrivals_after_a_rate_rise(kick=False)
+    woken = _arrivals_after_a_rate_rise(kick=True)
+    assert len(woken) == 5, woken
+    assert max(woken) < 0.1
+    assert len(slept) < 5 or max(slept) > 0.15, slept
