@@ -13,6 +13,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
+from functools import partial
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -277,7 +278,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         _require_namespaces("bench link")
         from testbed.tools.bench_link import bench_link
 
-        result = trio.run(bench_link, json_path, console)
+        result = trio.run(partial(bench_link, json_path, console, backend=args.backend))
     elif args.bench_cmd == "limits":
         if args.network != "loopback":
             _require_root(f"bench limits --network {args.network}")
@@ -418,6 +419,9 @@ def build_parser() -> argparse.ArgumentParser:
                        ("lanes", "AT&T episodes at 1-16 lanes and on a LocalCluster")):
         b = bsub.add_parser(name, help=text)
         b.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+        if name == "link":
+            b.add_argument("--backend", choices=["userspace", "netem"], default="userspace",
+                           help="link backend to measure (default userspace)")
         if name == "limits":
             b.add_argument("--network", default="loopback",
                            help="network of the primary grid to run (default loopback)")

@@ -15,7 +15,9 @@ Rules:
   (``testbed.links.netem_support``); packet logs (``start_log``) are userspace's only.
 - A capacity trace is compiled into one rate per fixed interval
   (``testbed.links.netem_plan``), and a trio task changes each tbf's rate at the
-  interval boundaries (pyroute2 calls run in a worker thread).
+  interval boundaries (pyroute2 calls run in a worker thread). A loop that falls
+  behind plays the step in force now and skips the ones past, so the replay keeps to
+  real time; ``statistics()`` reports how late the changes were and what was skipped.
 - Deviations from mm-link, documented in docs/links.md: the rate is averaged over an
   interval; the packet meets the delay before the rate limiter (netem is the parent);
   every rate change refills tbf's bucket (one burst passes).
@@ -52,8 +54,10 @@ from testbed.links.netem_plan import (
     DEFAULT_INTERVAL_MS,
     ZERO_RATE_FLOOR_KBIT,
     DirectionPlan,
+    ReplayLateness,
     compile_schedule,
     plan_direction,
+    root_counters,
     tbf_params,
 )
 from testbed.links.traces import Trace, load_trace_ref
@@ -198,6 +202,7 @@ class NetemBackend:
         self._iprs: dict[str, Any] = {}
         self._created_switch = False
         self._replay_scope: trio.CancelScope | None = None
+        self._lateness = ReplayLateness()
         self._lock = threading.Lock()  # one netlink user at a time (rates vs counters)
 
     # -- build / teardown (blocking) --
@@ -236,10 +241,13 @@ class NetemBackend:
     def _create(self, hosts: Sequence[LinkHost]) -> None:
         from pyroute2 import netns as pr_netns
 
+        from testbed.host import kernel
+
         if self.ledger is not None:
             self.ledger.record_netns(self.switch_ns)
         _kernel(f"create netns {self.switch_ns}", lambda: pr_netns.create(self.switch_ns))
         self._created_switch = True
+        kernel.disable_ipv6(self.switch_ns)  # before its bridge and veths exist
         sw = self._ipr(self.switch_ns)
         _kernel(f"add bridge {self.bridge}", lambda: sw.link("add", ifname=self.bridge, kind="bridge"))
         br_index = _kernel("lookup bridge", lambda: sw.link_lookup(ifname=self.bridge))[0]
@@ -306,12 +314,17 @@ class NetemBackend:
             self._set_rates(changes)
 
     def _set_rates(self, changes: Sequence[tuple[int, float]]) -> None:
+        from testbed.host.qdisc import QdiscChanges  # encoded once per rate (its doc)
+
         for i, rate_kbit in changes:
             d = self._directions[i]
-            ipr = self._ipr(d.netns)
+            tc = self._iprs.get(f"tc {d.netns}") or self._iprs.setdefault(
+                f"tc {d.netns}", QdiscChanges(d.netns))  # closed with the IPRoutes
             _kernel(f"change tbf on {d.ifname} in {d.netns}",
-                    partial(ipr.tc, "change", "tbf", d.index, handle="10:0", parent="1:1",
+                    partial(tc.change, "tbf", d.index, handle=0x100000, parent=0x10001,
                             **tbf_params(rate_kbit, limit_bytes=d.plan.limit_bytes)))
+            if (d.current_kbit or 0.0) <= ZERO_RATE_FLOOR_KBIT < rate_kbit:  # tbf sleeps on
+                _kernel(f"kick {d.ifname}", partial(tc.kick, d.ifname))  # its old timer
             d.current_kbit = rate_kbit
 
     @property
@@ -324,8 +337,9 @@ class NetemBackend:
         return counters
 
     async def statistics(self) -> dict[str, float]:
-        """The kernel keeps no lateness to report; nothing (rule 3 of links.backend)."""
-        return {}
+        """The replay's lateness since the last clear (``netem_plan.ReplayLateness``)."""
+        await trio.lowlevel.checkpoint()
+        return self._lateness.snapshot()
 
     async def fault(self, host: str, kind: str, *, seconds: float, rate: float = 1.0
                     ) -> dict[str, int]:
@@ -333,6 +347,7 @@ class NetemBackend:
                                "use --backend userspace")
 
     async def clear_statistics(self) -> None:
+        self._lateness.clear()
         await trio.lowlevel.checkpoint()
 
     async def start_log(self, directory: str, label: str) -> None:
@@ -351,16 +366,10 @@ class NetemBackend:
         out: dict[str, dict[str, int]] = {}
         for d in self._directions:
             ipr = self._ipr(d.netns)
-            link = _kernel(f"stats of {d.ifname}", partial(ipr.get_links, d.index))[0]
-            stats = link.get_attr("IFLA_STATS64") or {}
-            drops = 0
-            for q in _kernel(f"qdiscs of {d.ifname}", partial(ipr.get_qdiscs, index=d.index)):
-                qstats = q.get_attr("TCA_STATS") or {}
-                drops += int(qstats.get("drop", 0))
+            qdiscs = _kernel(f"qdiscs of {d.ifname}", partial(ipr.get_qdiscs, index=d.index))
             row = out.setdefault(d.host, {})
-            row[f"{d.side}_packets"] = int(stats.get("tx_packets", 0))
-            row[f"{d.side}_bytes"] = int(stats.get("tx_bytes", 0))
-            row[f"{d.side}_drops"] = drops
+            for key, value in root_counters(qdiscs).items():
+                row[f"{d.side}_{key}"] = value
         return out
 
     def teardown(self) -> None:
@@ -418,6 +427,8 @@ class NetemBackend:
         return now
 
     async def _replay(self, chunk_ms: float) -> None:
+        from testbed.links.netem_replay import play_steps  # catches up when late
+
         traces = self._traces()
         if all(t is None for t in traces):
             await trio.sleep_forever()
@@ -431,18 +442,10 @@ class NetemBackend:
                 for t, d in zip(traces, self._directions, strict=True)
             ]
             n_steps = max(len(s) for s in per_direction if s is not None)
-            for k in range(n_steps):
-                changes: list[tuple[int, float]] = []
-                t_ms = chunk_start + k * self.interval_ms
-                for i, steps in enumerate(per_direction):
-                    if steps is None or k >= len(steps):
-                        continue
-                    rate = steps[k].rate_kbit
-                    if self._directions[i].current_kbit != rate:
-                        changes.append((i, rate))
-                await trio.sleep_until(start + t_ms / 1000.0)
-                if changes:
-                    await self._apply_changes(changes)
+            await play_steps(per_direction, n_steps, start + chunk_start / 1000.0,
+                             interval_ms=self.interval_ms, apply=self._apply_changes,
+                             rates=lambda: [d.current_kbit for d in self._directions],
+                             lateness=self._lateness)
 
     async def _apply_changes(self, changes: list[tuple[int, float]]) -> None:
         await trio.to_thread.run_sync(self.set_rates, changes)
@@ -471,12 +474,15 @@ async def open_netem_links(
                            trace_offset_ms=trace_offset_s * 1000.0, interval_ms=interval_ms)
     try:
         await trio.to_thread.run_sync(backend.build, hosts)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(backend.run_schedule)
-            try:
-                yield backend
-            finally:
-                nursery.cancel_scope.cancel()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(backend.run_schedule)
+                try:
+                    yield backend
+                finally:
+                    nursery.cancel_scope.cancel()
+        except BaseExceptionGroup as group:  # the body's error as itself, as userspace's
+            raise (group.exceptions[0] if len(group.exceptions) == 1 else group) from None
     finally:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(backend.teardown)

@@ -20,7 +20,8 @@ Nothing here touches the kernel (``testbed.links.netem`` applies these plans).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -87,14 +88,150 @@ def compile_schedule(
     ]
 
 
+# ----------------------------------------------------------------- pure: replay bookkeeping
+
+LATE_BIN_MS = 0.1
+LATE_BINS = 5000
+"""Lateness histogram: 0.1 ms bins up to 500 ms; later changes land in the last bin
+(the maximum stays exact)."""
+
+
+def current_step(elapsed_ms: float, interval_ms: float) -> int:
+    """Index of the step in force ELAPSED_MS after the first step's due time."""
+    return math.floor(elapsed_ms / interval_ms + 1e-9)
+
+
+def step_changes(per_direction: Sequence[Sequence[RateStep] | None], k: int,
+                 rates_kbit: Sequence[float | None]) -> list[tuple[int, float]]:
+    """(direction, rate) for each direction whose step K differs from its rate now."""
+    return [(i, steps[k].rate_kbit) for i, steps in enumerate(per_direction)
+            if steps is not None and k < len(steps) and rates_kbit[i] != steps[k].rate_kbit]
+
+
+@dataclass
+class ReplayLateness:
+    """How late the replay's rate changes took effect, and how many steps it skipped.
+
+    A step's lateness runs from its due time to the return of its last netlink call
+    (when the new rates are in force). ``snapshot()`` has the keys the userspace
+    emulator reports where they mean the same (``late_p50_ms``, ``late_p99_ms``,
+    ``late_max_ms``; 0 with nothing recorded) and the replay's own (``rate_changes``:
+    steps that changed a rate, ``steps_skipped``: steps already past when the loop
+    woke, never applied).
+    """
+
+    histogram: list[int] = field(default_factory=lambda: [0] * LATE_BINS)
+    max_ms: float = 0.0
+    changes: int = 0
+    skipped: int = 0
+
+    def record(self, late_ms: float) -> None:
+        late_ms = max(0.0, late_ms)
+        self.histogram[min(int(late_ms / LATE_BIN_MS), LATE_BINS - 1)] += 1
+        self.max_ms = max(self.max_ms, late_ms)
+        self.changes += 1
+
+    def catch_up(self, k: int, now_k: int, n_steps: int) -> int:
+        """The step to play next when step K is due and step NOW_K is in force, in a
+        chunk of N_STEPS (N_STEPS: the chunk is over); the steps jumped are skipped."""
+        target = min(max(k, now_k), n_steps)
+        self.skipped += target - k
+        return target
+
+    def clear(self) -> None:
+        self.histogram = [0] * LATE_BINS
+        self.max_ms = 0.0
+        self.changes = self.skipped = 0
+
+    def quantile_ms(self, q: float) -> float:
+        """Upper edge of the bin holding quantile Q, at most the maximum (0 if empty)."""
+        seen = 0
+        for i, n in enumerate(self.histogram):
+            seen += n
+            if n and seen >= q * self.changes:
+                return min((i + 1) * LATE_BIN_MS, self.max_ms)
+        return 0.0
+
+    def snapshot(self) -> dict[str, float]:
+        return {
+            "late_p50_ms": round(self.quantile_ms(0.5), 3),
+            "late_p99_ms": round(self.quantile_ms(0.99), 3),
+            "late_max_ms": round(self.max_ms, 3),
+            "rate_changes": float(self.changes),
+            "steps_skipped": float(self.skipped),
+        }
+
+
 # ----------------------------------------------------------------- pure: qdisc parameters
+
+ETHERNET_HEADER_BYTES = 14
+FRAME_BYTES = MTU_BYTES + ETHERNET_HEADER_BYTES
+"""A full-size frame as a veth's qdisc counts it (IP packet + Ethernet header)."""
+
+PSCHED_TICKS_PER_US = 1000 / 64
+"""pyroute2's `tick_in_usec` from /proc/net/psched (1000 ns per us, 64 ns per tick:
+PSCHED_SHIFT 6, the same on every kernel since 2.6.31)."""
+
+
+def pyroute2_buffer_ticks(rate_bytes_s: int, burst_bytes: int, *,
+                          ticks_per_us: float = PSCHED_TICKS_PER_US) -> int:
+    """tbf's `buffer` as pyroute2 encodes it (``tcmsg.common.calc_xmittime``, ported
+    from tc): the burst's transmission time truncated to whole microseconds, then to
+    whole psched ticks."""
+    return int(int(1_000_000 * (float(burst_bytes) / rate_bytes_s)) * ticks_per_us)
+
+
+def kernel_tbf_max_size(rate_bytes_s: int, buffer_ticks: int) -> int:
+    """The largest packet tbf passes (`max_size` in sch_tbf.c `tbf_change`) for a
+    buffer of BUFFER_TICKS, when no TCA_TBF_BURST is sent (pyroute2 sends none):
+    ``psched_ns_t2l(rate, min(ticks << 6, 2**32 - 1))`` on an Ethernet link layer with
+    no overhead, i.e. the bytes the rate moves in the buffer time, rounded down."""
+    buffer_ns = min(buffer_ticks << 6, 2**32 - 1)
+    return buffer_ns * rate_bytes_s // 1_000_000_000
+
+
+def kernel_tbf_burst(rate_bytes_s: int, burst_bytes: int) -> int:
+    """What tbf ends up with (its `max_size`, bytes) when asked for BURST_BYTES."""
+    return kernel_tbf_max_size(rate_bytes_s, pyroute2_buffer_ticks(rate_bytes_s, burst_bytes))
+
+
+def tbf_burst_request(rate_bytes_s: int) -> int:
+    """The burst to ask for so that the kernel keeps one full frame or 1 ms of rate.
+
+    Each truncation loses less than one unit: under 1 us, under one 64 ns tick, under
+    one byte, so the kernel keeps more than ``burst - 1.064e-6 * rate - 1`` bytes;
+    padding by ``ceil(1.064e-6 * rate)`` is enough (checked exactly, and padded more
+    where float rounding would ever disagree).
+    """
+    want = max(FRAME_BYTES, math.ceil(rate_bytes_s / 1000))
+    burst = want + math.ceil(rate_bytes_s * 1064 / 1_000_000_000)
+    while kernel_tbf_burst(rate_bytes_s, burst) < want:
+        burst += 1
+    return burst
+
+
+TC_H_ROOT = 0xFFFFFFFF
+
+
+def root_counters(qdiscs: Sequence[Any]) -> dict[str, int]:
+    """packets, bytes and drops of one direction from its root qdisc (netem), given the
+    pyroute2 qdisc messages of the device. The root counts what left it after its
+    children (tbf) and every drop below it once (children's drops too, so summing the
+    qdiscs would count a tbf drop twice); packets as segments, bytes as IP bytes (the
+    qdisc counts a 14-byte Ethernet header per segment), as the emulator counts them."""
+    root = [q for q in qdiscs if q["parent"] == TC_H_ROOT]
+    stats = (root[0].get_attr("TCA_STATS") if root else None) or {}
+    packets = int(stats.get("packets", 0))
+    return {"packets": packets, "bytes": int(stats.get("bytes", 0)) - ETHERNET_HEADER_BYTES * packets,
+            "drops": int(stats.get("drop", 0))}
 
 
 def tbf_params(rate_kbit: float, *, limit_bytes: int) -> dict[str, int]:
-    """pyroute2 `tbf` arguments: rate in bytes/s, burst of one full frame or 1 ms of rate."""
+    """pyroute2 `tbf` arguments: rate in bytes/s, a burst that stays at least one full
+    frame or 1 ms of rate after the kernel's rounding (:func:`tbf_burst_request`)."""
     effective_kbit = max(rate_kbit, ZERO_RATE_FLOOR_KBIT)
     rate_bytes_s = max(1, round(effective_kbit * 1000 / 8))
-    burst = max(MTU_BYTES + 14, math.ceil(rate_bytes_s / 1000))
+    burst = tbf_burst_request(rate_bytes_s)
     return {"rate": rate_bytes_s, "burst": burst, "limit": max(limit_bytes, burst)}
 
 

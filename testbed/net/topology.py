@@ -153,6 +153,7 @@ def _setup_namespace(ledger: Ledger, host: Host, cc: str | None) -> None:
     if cc is not None:
         kernel.set_sysctl(host.netns, "net.ipv4.tcp_congestion_control", cc)
     kernel.set_sysctl(host.netns, "net.ipv4.tcp_no_metrics_save", "1")
+    kernel.disable_ipv6(host.netns)
 
 
 @asynccontextmanager
