@@ -153,7 +153,7 @@ async def codel_case() -> dict[str, dict[str, float]]:
     return out
 
 
-Capacity = Callable[..., Awaitable[tuple[int, list[dict[str, float]]]]]
+Capacity = Callable[..., Awaitable[tuple[int, list[dict[str, float | None]]]]]
 WIDE_SWEEP_PPS = (60_000, 80_000, 100_000, 120_000, 140_000, 160_000)
 
 
