@@ -24,6 +24,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--control", required=True, help="Unix socket path to serve")
     parser.add_argument("--netns", default=None, help="network namespace to enter first")
     parser.add_argument("--log-level", default="info", choices=LOG_LEVELS)
+    parser.add_argument("--parent-pid", type=int, default=None, metavar="PID",
+                        help="exit when this process (the controller) is gone; without it "
+                             "the parent at start, which a controller killed during our "
+                             "start-up no longer is")
     parser.add_argument("--plugin", action="append", default=[], metavar="MODULE",
                         help="import MODULE first (it may register policies)")
     args = parser.parse_args(argv)
@@ -49,9 +53,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"--plugin: cannot import {module!r}: {exc}", file=sys.stderr)
             return 2
 
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        # Room above the connection caps of nodes.limits for stores, logs and clients.
+        wanted = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
+        if wanted > soft:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+
     from nodes.node import run_node
 
-    trio.run(run_node, args.control)
+    trio.run(run_node, args.control, args.parent_pid)
     return 0
 
 

@@ -112,5 +112,6 @@ async def run_act(env: NodeEnv, policy: Policy, counters: Counters, action: str,
         "last_head_read_t_ns": env.meter.last_head_read_ns,
         "last_head_round_t_ns": env.meter.last_head_round_ns,
         "block_reason": "" if released else (reason or "blocked"),
+        "rpc_timeouts": after["rpc_timeouts"] - before["rpc_timeouts"],
         **env.meter.report(),
     }

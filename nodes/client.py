@@ -24,7 +24,7 @@ from nodes.transport import (
     set_nodelay,
     unwrap_response,
 )
-from protocols.auth import ChannelInitiator, Session
+from protocols.auth import HANDSHAKE2_BYTES, ChannelInitiator, Session
 from protocols.errors import LocalProtocolError, PeerUnavailable, RemoteProtocolError, RpcTimeout
 from protocols.identity import Identity, Roster
 
@@ -146,8 +146,14 @@ class RpcClient:
                     return await self._call_fresh(peer_id, method, params)
                 return await self._call_reuse(peer_id, method, params)
         except trio.TooSlowError:
+            self.counters.rpc_timeouts += 1
             raise RpcTimeout(f"{method} to {peer_id}: no answer within "
                              f"{self.timeout_s} s") from None
+
+    async def rekey(self, identity: Identity, roster: Roster) -> None:
+        """New pinned keys (a new episode): close the pool, connect with these keys."""
+        await self.close_pooled()
+        self.identity, self.roster = identity, roster
 
     async def close_pooled(self) -> None:
         """Close every pooled connection (between episodes)."""
@@ -165,7 +171,7 @@ class RpcClient:
             raise PeerUnavailable(f"cannot connect to {peer_id} at "
                                   f"{member.host}:{member.port}: {exc}") from None
         self.counters.connections_opened += 1
-        framed = FramedStream(stream, self.counters)
+        framed = FramedStream(stream, self.counters, pre_auth_max_bytes=HANDSHAKE2_BYTES)
         try:
             set_nodelay(stream)
             initiator = ChannelInitiator(identity=self.identity, roster=self.roster,
@@ -175,6 +181,7 @@ class RpcClient:
             if reply is None:
                 raise PeerUnavailable(f"{peer_id} closed the connection during the handshake")
             session = initiator.finish(reply)
+            framed.authenticated()
         except RemoteProtocolError as exc:
             self.counters.rejected += 1
             log.warning("handshake with %s failed: %s", peer_id, exc)

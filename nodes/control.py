@@ -16,6 +16,7 @@ import contextlib
 import logging
 import os
 import socket as stdlib_socket
+import sqlite3
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -102,6 +103,9 @@ async def dispatch(ops: object, request: Mapping[str, Any]) -> dict[str, Any]:
         result: dict[str, Any] = await handler(request)
     except (ControlError, ValueError, LocalProtocolError) as exc:
         return {"ok": False, "error": str(exc)}
+    except sqlite3.Error as exc:  # the node's own store failed (e.g. a full disk)
+        log.error("op %s: store failed: %s: %s", name, type(exc).__name__, exc)
+        return {"ok": False, "error": f"store_failed: {type(exc).__name__}: {exc}"}
     except ProtocolError as exc:  # e.g. an RPC failure inside update/plan: say which
         log.warning("op %s failed: %s: %s", name, type(exc).__name__, exc)
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}

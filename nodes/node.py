@@ -6,11 +6,12 @@ Lifecycle (see docs/architecture.md, "Control plane"):
 2. ``configure`` opens the store, starts the data-plane server on the node's own
    roster entry (port 0 = any free port) and the RPC client, and replies with the
    bound host/port. The controller learns every port this way, then sends
-   ``configure`` again with the complete roster: a node whose identity and bind
-   address did not change keeps its listener and only swaps roster, client and store.
-   (The server needs only the pinned keys, which never change within a team.)
+   ``configure`` again with the complete roster: a node whose bind address did not
+   change keeps its listener and only swaps identity, roster, client and store.
 3. ``reset`` starts an episode: fresh store file, zeroed counters, closed pooled
-   connections, a new policy object.
+   connections, a new policy object, and (episode binding) the episode's own
+   identity and roster when the controller sends them: the server closes every
+   connection of the previous episode and keeps its bound port.
 
 Timing attribution follows protocols/policies/base.py: act stall = elapsed time of
 ``validate`` minus replan time; hook stall = elapsed time unless the hook is off path.
@@ -31,9 +32,11 @@ import trio
 from nodes.act import run_act
 from nodes.client import RpcClient, open_rpc_client
 from nodes.control import ControlError, field
+from nodes.limits import Limits, LimitsError
 from nodes.node_env import NodeEnv
 from nodes.rpc import Handlers, SelfServingCaller
-from nodes.server import serve_data_plane
+from nodes.server import DataPlaneServer, serve_data_plane
+from nodes.service import Service, watch_parent
 from nodes.store import DURABILITY_MODES, SqliteStore, remove_store_files
 from nodes.transport import CONNECTION_SETTINGS, Counters
 from protocols.errors import LocalProtocolError
@@ -44,38 +47,7 @@ from protocols.policies.base import Policy
 from protocols.records import RECORD_ID_BYTES, RECORD_TYPES, Record
 
 log = logging.getLogger("nodes.node")
-PARENT_CHECK_S = 1.0
 MAX_ACTION_CHARS = 120  # record keys (plan/<action>/r<n>) are capped at 200
-
-
-class _Service:
-    """A background task started with ``nursery.start`` that can be stopped alone."""
-
-    def __init__(self, value: Any, scope: trio.CancelScope, done: trio.Event) -> None:
-        self.value = value
-        self._scope = scope
-        self._done = done
-
-    @classmethod
-    async def start(cls, nursery: trio.Nursery,
-                    body: Callable[..., Awaitable[None]]) -> _Service:
-        """``body(task_status)`` must call ``task_status.started(value)`` once ready."""
-        scope = trio.CancelScope()
-        done = trio.Event()
-
-        async def run(task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
-            try:
-                with scope:
-                    await body(task_status)
-            finally:
-                done.set()
-
-        value = await nursery.start(run)
-        return cls(value, scope, done)
-
-    async def stop(self) -> None:
-        self._scope.cancel()
-        await self._done.wait()
 
 
 @dataclass
@@ -120,6 +92,34 @@ def _ms(ns: int) -> float:
     return ns / 1e6
 
 
+def _check_identity(identity: Identity, roster: Roster) -> None:
+    member = roster.members.get(identity.agent_id)
+    if member is None:
+        raise ControlError(f"roster: has no member {identity.agent_id!r}")
+    if member.public_key != identity.public_key:
+        raise ControlError("identity_seed: does not match the roster's pinned key")
+
+
+def _episode_identity(args: Mapping[str, Any], cfg: _Config) -> tuple[Identity, Roster] | None:
+    """The identity and roster a ``reset`` binds the episode to (both or neither)."""
+    if "identity_seed" not in args and "roster" not in args:
+        return None
+    seed = field(args, "identity_seed", bytes)
+    if len(seed) != 32:
+        raise ControlError("identity_seed: must be 32 bytes")
+    try:
+        roster = Roster.from_wire(field(args, "roster", dict))
+    except (KeyError, LocalProtocolError) as exc:
+        raise ControlError(f"roster: malformed ({exc})") from None
+    me = roster.members.get(cfg.identity.agent_id)
+    old = cfg.roster.members[cfg.identity.agent_id]
+    if me is not None and (me.host, me.port) != (old.host, old.port):
+        raise ControlError("roster: a reset keeps the node's data-plane address")
+    identity = Identity(cfg.identity.agent_id, seed)
+    _check_identity(identity, roster)
+    return identity, roster
+
+
 class Node:
     """State and control operations of one node process."""
 
@@ -133,9 +133,11 @@ class Node:
         self.client: RpcClient | None = None
         self.env: NodeEnv | None = None
         self.policy: Policy | None = None
-        self._server: _Service | None = None
-        self._server_key: tuple[bytes, str, int] | None = None
-        self._client_svc: _Service | None = None
+        self.limits = Limits()
+        self._server: Service | None = None
+        self._server_state: DataPlaneServer | None = None
+        self._server_key: tuple[str, int] | None = None
+        self._client_svc: Service | None = None
 
     # --- helpers ------------------------------------------------------------------------
     def _ready(self) -> tuple[_Config, SqliteStore, NodeEnv, Policy]:
@@ -172,34 +174,38 @@ class Node:
                 task_status.started(client)
                 await trio.sleep_forever()
 
-        self._client_svc = await _Service.start(self._nursery, body)
+        self._client_svc = await Service.start(self._nursery, body)
         client: RpcClient = self._client_svc.value
         self.client = client
         return client
 
     async def _ensure_server(self, cfg: _Config) -> tuple[str, int]:
+        """Serve on our roster entry; a kept bind address keeps the listener (rekeyed)."""
         me = cfg.roster.members.get(cfg.identity.agent_id)
         if me is None:
             raise ControlError(f"roster: has no member {cfg.identity.agent_id!r}")
-        key = (cfg.identity.seed, me.host, me.port)
-        if self._server is not None and self._server_key is not None:
-            seed, host, port = self._server_key
-            if seed == cfg.identity.seed and host == me.host and me.port in (0, port):
+        state = self._server_state
+        if self._server is not None and self._server_key is not None and state is not None:
+            host, port = self._server_key
+            if host == me.host and me.port in (0, port):
+                if state.identity != cfg.identity or state.roster != cfg.roster:
+                    state.rekey(cfg.identity, cfg.roster)
+                state.limits = self.limits
                 return host, port
             await self._server.stop()
             self._server = None
-        assert self.handlers is not None
+        state = self._server_state = DataPlaneServer(
+            identity=cfg.identity, roster=cfg.roster, handler=self.handlers_call,
+            counters=self.counters, limits=self.limits)
 
         async def body(task_status: trio.TaskStatus[int]) -> None:
-            await serve_data_plane(identity=cfg.identity, roster=cfg.roster, host=me.host,
-                                   port=me.port, handler=self.handlers_call,
-                                   counters=self.counters,
+            await serve_data_plane(server=state, host=me.host, port=me.port,
                                    congestion_control=cfg.congestion_control,
                                    task_status=task_status)
 
-        self._server = await _Service.start(self._nursery, body)
+        self._server = await Service.start(self._nursery, body)
         bound: int = self._server.value
-        self._server_key = (key[0], me.host, bound)
+        self._server_key = (me.host, bound)
         return me.host, bound
 
     async def handlers_call(self, peer_id: str, method: str, params: dict[str, Any]) -> Any:
@@ -211,11 +217,14 @@ class Node:
         self.policy = make_policy(cfg.policy)
         if self.handlers is None:
             self.handlers = Handlers(agent_id=cfg.identity.agent_id, store=store,
-                                     roster=cfg.roster)
+                                     roster=cfg.roster, limits=self.limits,
+                                     counters=self.counters)
         else:
             self.handlers.agent_id = cfg.identity.agent_id
             self.handlers.store = store
             self.handlers.roster = cfg.roster
+            self.handlers.limits = self.limits
+        self.handlers.new_episode()
         caller = SelfServingCaller(agent_id=cfg.identity.agent_id, client=client,
                                    handlers=self.handlers)
         self.env = NodeEnv(identity=cfg.identity, roster=cfg.roster, store=store, client=caller,
@@ -256,11 +265,13 @@ class Node:
             congestion_control=_congestion_control(args))
         if not cfg.rpc_timeout_s > 0:
             raise ControlError("rpc_timeout_s: must be positive")
-        if roster.members.get(agent_id) is None:
-            raise ControlError(f"roster: has no member {agent_id!r}")
-        if roster.members[agent_id].public_key != cfg.identity.public_key:
-            raise ControlError("identity_seed: does not match the roster's pinned key")
+        _check_identity(cfg.identity, roster)
         make_policy(cfg.policy)  # validate the name before changing anything
+        try:
+            limits = Limits().override(field(args, "limits", dict, default={}))
+        except LimitsError as exc:
+            raise ControlError(str(exc)) from None
+        self.limits = limits
         store = self.store
         if (store is None or self.cfg is None or store.path != cfg.store_path
                 or store.durability != cfg.durability):
@@ -283,14 +294,20 @@ class Node:
         connection = field(args, "connection", str, allowed=CONNECTION_SETTINGS,
                            default=cfg.connection)
         make_policy(policy)
+        rekeyed = _episode_identity(args, cfg)
         cfg.store_path, cfg.policy = store_path, policy
+        if rekeyed is not None:
+            cfg.identity, cfg.roster = rekeyed
+            if self.store is not None:
+                self.store.roster = cfg.roster
+            await self._ensure_server(cfg)  # same listener; old connections closed
         store = self._open_store(cfg)
         if connection != cfg.connection or self.client is None:
             cfg.connection = connection
             client = await self._restart_client(cfg)
         else:
             client = self.client
-            await client.close_pooled()
+            await client.rekey(cfg.identity, cfg.roster)
         self.counters.reset()
         self._new_episode_objects(cfg, store, client)
         return {}
@@ -331,13 +348,17 @@ class Node:
     def _traffic(self) -> int:
         return self.counters.bytes_sent + self.counters.bytes_received
 
-    async def _timed_hook(self, hook: str, call: Callable[[], Awaitable[None]]) -> float:
+    async def _timed_hook(self, hook: str, call: Callable[[], Awaitable[None]]
+                          ) -> dict[str, Any]:
+        """``stall_ms`` of the hook (0 off path) and the ``rpc_timeouts`` inside it."""
         _, _, env, policy = self._ready()
         env.replan_ns = 0
+        timeouts = self.counters.rpc_timeouts
         started = time.monotonic_ns()
         await call()
         elapsed = time.monotonic_ns() - started - env.replan_ns
-        return 0.0 if hook in policy.off_path_hooks else _ms(elapsed)
+        return {"stall_ms": 0.0 if hook in policy.off_path_hooks else _ms(elapsed),
+                "rpc_timeouts": self.counters.rpc_timeouts - timeouts}
 
     async def op_update(self, args: Mapping[str, Any]) -> dict[str, Any]:
         _, store, env, policy = self._ready()
@@ -353,17 +374,16 @@ class Node:
         t_ns = store.head_log()[-1][3]
         new_head = record.head
         before = self._traffic()
-        stall_ms = await self._timed_hook("on_update",
-                                          lambda: policy.on_update(env, new_head))
-        return {"head": new_head.to_wire(), "stall_ms": stall_ms, "t_ns": t_ns,
-                "bytes": self._traffic() - before}
+        timed = await self._timed_hook("on_update", lambda: policy.on_update(env, new_head))
+        return {"head": new_head.to_wire(), "t_ns": t_ns, "bytes": self._traffic() - before,
+                **timed}
 
     async def op_unit_end(self, args: Mapping[str, Any]) -> dict[str, Any]:
         _, _, env, policy = self._ready()
         unit = field(args, "unit", int)
         before = self._traffic()
-        stall_ms = await self._timed_hook("at_unit_end", lambda: policy.at_unit_end(env, unit))
-        return {"stall_ms": stall_ms, "bytes": self._traffic() - before}
+        timed = await self._timed_hook("at_unit_end", lambda: policy.at_unit_end(env, unit))
+        return {"bytes": self._traffic() - before, **timed}
 
     async def op_plan(self, args: Mapping[str, Any]) -> dict[str, Any]:
         cfg, _, env, _ = self._ready()
@@ -421,19 +441,7 @@ class Node:
         self.shutdown_requested.set()
 
 
-async def _watch_parent(parent_pid: int, shutdown: trio.Event) -> None:
-    """Shut down if the controller that started us is gone (we were re-parented).
-
-    (Not PR_SET_PDEATHSIG: trio starts children from a worker thread, and that signal
-    fires when the *thread* exits.)
-    """
-    while os.getppid() == parent_pid:
-        await trio.sleep(PARENT_CHECK_S)
-    log.warning("parent process %d is gone: shutting down", parent_pid)
-    shutdown.set()
-
-
-async def run_node(control_path: str) -> None:
+async def run_node(control_path: str, parent_pid: int | None = None) -> None:
     """Serve the control socket until ``shutdown`` or SIGTERM/SIGINT; always clean up."""
     import signal
 
@@ -453,7 +461,8 @@ async def run_node(control_path: str) -> None:
                         return
 
                 nursery.start_soon(on_signal)
-                nursery.start_soon(_watch_parent, os.getppid(), node.shutdown_requested)
+                nursery.start_soon(watch_parent, parent_pid or os.getppid(),
+                                   node.shutdown_requested)
                 await node.shutdown_requested.wait()
             finally:
                 await node.close()

@@ -17,10 +17,13 @@ Rules (the "Data plane" table of docs/architecture.md):
 from __future__ import annotations
 
 import logging
+import sqlite3
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+from nodes.limits import Limits
 from nodes.store import SqliteStore
+from nodes.transport import Counters
 from protocols.errors import (
     IntegrityError,
     OwnerRuleError,
@@ -45,6 +48,7 @@ NOT_OWNER = "not_owner"
 NO_HEAD = "no_head"
 UNKNOWN_ID = "unknown_id"
 NOT_CENTRAL = "not_central"
+STORE_FAILED = "store_failed"  # this node's own store failed (disk full): not the peer
 
 
 class RpcCaller(Protocol):
@@ -86,18 +90,25 @@ class Handlers:
     """Serves the data-plane methods over the node's current store and roster.
 
     The node swaps ``store``/``roster`` on reset/configure; handlers always read the
-    current ones.
+    current ones. :meth:`new_episode` zeroes the per-peer install quotas.
     """
 
-    def __init__(self, *, agent_id: str, store: SqliteStore, roster: Roster) -> None:
+    def __init__(self, *, agent_id: str, store: SqliteStore, roster: Roster,
+                 limits: Limits | None = None, counters: Counters | None = None) -> None:
         self.agent_id = agent_id
         self.store = store
         self.roster = roster
+        self.limits = limits or Limits()
+        self.counters = counters or Counters()
+        self.installed: dict[str, tuple[int, int]] = {}  # peer -> (records, bytes) this episode
         self._table: dict[str, Callable[[str, object], Awaitable[dict[str, Any]]]] = {
             "heads": self._heads, "fetch": self._fetch, "install": self._install,
             "announce": self._announce, "versions": self._versions,
             "commit": self._commit, "dir_heads": self._dir_heads,
         }
+
+    def new_episode(self) -> None:
+        self.installed = {}
 
     async def __call__(self, peer_id: str, method: str, params: dict[str, Any]) -> Any:
         handler = self._table.get(method)
@@ -105,6 +116,8 @@ class Handlers:
             raise RemoteProtocolError(f"unknown method {method!r}")
         try:
             return await handler(peer_id, params)
+        except sqlite3.Error as exc:  # our store failed (e.g. a full disk): say so
+            raise RemoteCallError(STORE_FAILED, f"{type(exc).__name__}: {exc}") from None
         except RemoteProtocolError as exc:  # includes IntegrityError: connection closes
             log.warning("rejected %s from %s: %s: %s", method, peer_id,
                         type(exc).__name__, exc)
@@ -137,6 +150,22 @@ class Handlers:
             raise RemoteProtocolError(f"install: records must be a list of "
                                       f"1..{MAX_RECORDS_PER_INSTALL}")
         records = [Record.from_wire(r) for r in raw]
+        if peer != self.agent_id:  # a node's calls to itself carry no quota
+            count, size = self.installed.get(peer, (0, 0))
+            count += len(records)
+            size += sum(len(r.content) for r in records)
+            limits = self.limits
+            if count > limits.install_records_per_peer or size > limits.install_bytes_per_peer:
+                raise RemoteProtocolError(
+                    f"install quota of this episode exceeded ({count} records, {size} "
+                    f"bytes; install_records_per_peer {limits.install_records_per_peer}, "
+                    f"install_bytes_per_peer {limits.install_bytes_per_peer})")
+            installed = self.store.install_many(records)
+            self.installed[peer] = (count, size)
+            counters = self.counters
+            counters.peak_install_records = max(counters.peak_install_records, count)
+            counters.peak_install_bytes = max(counters.peak_install_bytes, size)
+            return {"installed": installed}
         return {"installed": self.store.install_many(records)}
 
     async def _announce(self, peer: str, params: object) -> dict[str, Any]:

@@ -1,18 +1,29 @@
 """Data-plane server: accept connections, run the responder handshake, serve requests.
 
-Rules 1-4 of ``nodes/transport.py`` apply; this module is the server side of them.
+Rules 1-4 of ``nodes/transport.py`` apply; this module is the server side of them,
+plus the connection limits of ``nodes/limits.py``:
+
+5. Before the handshake a connection holds at most one handshake-sized frame; it must
+   finish the handshake within ``handshake_timeout_s``, send its first authenticated
+   frame within ``first_frame_timeout_s`` of it, and then never be silent for
+   ``idle_timeout_s``.
+6. At ``max_connections`` (or ``max_connections_per_peer`` for one peer) the oldest
+   connection that has not yet sent an authenticated frame is evicted; if there is
+   none, the new connection is refused. ``refused`` counts both.
+7. :meth:`DataPlaneServer.rekey` swaps identity and roster (a new episode) and closes
+   every connection of the previous one; the listening socket stays bound.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import trio
 
+from nodes.limits import Limits, RateLimitedLog
 from nodes.transport import (
-    HANDSHAKE_TIMEOUT_S,
-    MAX_IN_FLIGHT_PER_CONNECTION,
     Counters,
     FramedStream,
     Handler,
@@ -22,92 +33,141 @@ from nodes.transport import (
     set_congestion_control,
     set_nodelay,
 )
-from protocols.auth import ChannelResponder, Session
+from protocols.auth import HANDSHAKE1_MAX_BYTES, ChannelResponder, Session
 from protocols.errors import RemoteCallError, RemoteProtocolError
 from protocols.identity import Identity, Roster
 
 log = logging.getLogger("nodes.transport.server")
 
 
-async def serve_data_plane(*, identity: Identity, roster: Roster, host: str, port: int,
-                           handler: Handler, counters: Counters,
-                           handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
-                           max_in_flight: int = MAX_IN_FLIGHT_PER_CONNECTION,
-                           congestion_control: str | None = None,
-                           task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
-                           ) -> None:
-    """Serve authenticated RPCs until cancelled; ``task_status.started(bound_port)``.
+class _Conn:
+    """One inbound connection: its cancel scope, who it is, whether it proved itself."""
 
-    A peer that has not finished its handshake after ``handshake_timeout_s``, or that
-    keeps more than ``max_in_flight`` requests unanswered on one connection, is cut off.
-    """
-    listeners = await trio.open_tcp_listeners(port, host=host)
-    try:
-        for listener in listeners:  # accepted connections inherit it
-            set_congestion_control(listener.socket, congestion_control)
-        bound_port: int = listeners[0].socket.getsockname()[1]
-        server = _Server(identity, roster, handler, counters, handshake_timeout_s,
-                         max_in_flight)
-        async with trio.open_nursery() as nursery:
-            for listener in listeners:
-                nursery.start_soon(server.accept_loop, listener, nursery)
-            task_status.started(bound_port)
-    finally:
-        for listener in listeners:
-            await trio.aclose_forcefully(listener)
+    __slots__ = ("opened", "peer", "proven", "scope")
+
+    def __init__(self) -> None:
+        self.scope = trio.CancelScope()
+        self.peer: str | None = None
+        self.proven = False  # an authenticated frame arrived
+        self.opened = time.monotonic()
 
 
-class _Server:
-    def __init__(self, identity: Identity, roster: Roster, handler: Handler,
-                 counters: Counters, handshake_timeout_s: float, max_in_flight: int) -> None:
+class DataPlaneServer:
+    """The server's state; :func:`serve_data_plane` runs it."""
+
+    def __init__(self, *, identity: Identity, roster: Roster, handler: Handler,
+                 counters: Counters, limits: Limits) -> None:
         self.identity = identity
         self.roster = roster
         self.handler = handler
         self.counters = counters
-        self.handshake_timeout_s = handshake_timeout_s
-        self.max_in_flight = max_in_flight
+        self.limits = limits
+        self.conns: dict[_Conn, None] = {}  # insertion order = age
+        self.logs = RateLimitedLog(log, rate_per_s=limits.log_lines_per_s)
 
+    def rekey(self, identity: Identity, roster: Roster) -> None:
+        """New pinned keys (a new episode): close every connection made under the old."""
+        self.identity, self.roster = identity, roster
+        for conn in list(self.conns):
+            conn.scope.cancel()
+
+    # --- admission -----------------------------------------------------------------
+    def _evict_one(self, peer: str | None) -> bool:
+        """Evict the oldest unproven connection (of ``peer`` if given)."""
+        for conn in self.conns:
+            if not conn.proven and (peer is None or conn.peer == peer) \
+                    and not conn.scope.cancel_called:
+                conn.scope.cancel()
+                self.conns.pop(conn)
+                self.counters.refused += 1
+                self.logs.warning("evict", "evicted an unproven data-plane connection "
+                                  "from %s to make room", conn.peer or "?")
+                return True
+        return False
+
+    def _admit(self) -> _Conn | None:
+        if len(self.conns) >= self.limits.max_connections and not self._evict_one(None):
+            self.counters.refused += 1
+            self.logs.warning("refuse", "refused a data-plane connection: %d open "
+                              "(max_connections)", len(self.conns))
+            return None
+        conn = _Conn()
+        self.conns[conn] = None
+        self.counters.peak_connections = max(self.counters.peak_connections, len(self.conns))
+        return conn
+
+    def _admit_peer(self, conn: _Conn, peer: str) -> bool:
+        conn.peer = peer
+        same = sum(1 for c in self.conns if c.peer == peer and c is not conn)
+        if same < self.limits.max_connections_per_peer:
+            counters = self.counters
+            counters.peak_peer_connections = max(counters.peak_peer_connections, same + 1)
+            return True
+        if self._evict_one(peer):
+            return True
+        self.counters.refused += 1
+        self.logs.warning("refuse-peer", "refused a data-plane connection from %s: %d open "
+                          "(max_connections_per_peer)", peer, same)
+        return False
+
+    # --- serving -----------------------------------------------------------------------
     async def accept_loop(self, listener: trio.SocketListener,
                           nursery: trio.Nursery) -> None:
         while True:
             try:
                 stream = await listener.accept()
             except OSError as exc:  # e.g. EMFILE: keep serving the connections we have
-                log.error("accept failed: %s (errno %s)", exc, exc.errno)
+                self.logs.warning("accept", "accept failed: %s (errno %s)", exc, exc.errno)
                 await trio.sleep(0.01)
                 continue
             self.counters.connections_accepted += 1
-            nursery.start_soon(self.serve_connection, stream)
+            conn = self._admit()
+            if conn is None:
+                await trio.aclose_forcefully(stream)
+                continue
+            nursery.start_soon(self.serve_connection, stream, conn)
 
-    async def serve_connection(self, stream: trio.SocketStream) -> None:
-        framed = FramedStream(stream, self.counters)
+    async def serve_connection(self, stream: trio.SocketStream, conn: _Conn) -> None:
+        framed = FramedStream(stream, self.counters, pre_auth_max_bytes=HANDSHAKE1_MAX_BYTES)
         peer = "?"
+        limits = self.limits
         try:
-            set_nodelay(stream)
-            with trio.fail_after(self.handshake_timeout_s):
-                first = await framed.receive_body()
-                if first is None:
-                    return
-                responder = ChannelResponder(identity=self.identity, roster=self.roster)
-                try:
-                    reply, session = responder.respond(first)
-                finally:
-                    peer = responder.peer_id or "?"
-                await framed.send_body(reply)
-            await self._serve_requests(framed, session)
+            with conn.scope:
+                set_nodelay(stream)
+                with trio.fail_after(limits.handshake_timeout_s):
+                    first = await framed.receive_body()
+                    if first is None:
+                        return
+                    responder = ChannelResponder(identity=self.identity, roster=self.roster)
+                    try:
+                        reply, session = responder.respond(first)
+                    finally:
+                        peer = responder.peer_id or "?"
+                    if not self._admit_peer(conn, session.peer_id):
+                        return
+                    await framed.send_body(reply)
+                framed.authenticated()
+                await self._serve_requests(framed, session, conn)
         except RemoteProtocolError as exc:
             self.counters.rejected += 1
-            log.warning("closing data-plane connection from %s: %s", peer, exc)
+            self.logs.warning("reject", "closing data-plane connection from %s: %s", peer, exc)
         except trio.TooSlowError:
             self.counters.rejected += 1
-            log.warning("closing data-plane connection from %s: handshake timed out", peer)
+            self.logs.warning("timeout", "closing data-plane connection from %s: %s", peer,
+                              "idle too long" if conn.proven
+                              else "no authenticated frame in time" if conn.peer
+                              else "handshake timed out")
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             log.debug("data-plane connection from %s ended: %r", peer, exc)
         finally:
+            self.conns.pop(conn, None)
             await framed.aclose()
 
-    async def _serve_requests(self, framed: FramedStream, session: Session) -> None:
+    async def _serve_requests(self, framed: FramedStream, session: Session,
+                              conn: _Conn) -> None:
         fault: list[RemoteProtocolError] = []
+        limits = self.limits
+        timed_out = False
         async with trio.open_nursery() as nursery:
             in_flight = 0
 
@@ -138,13 +198,21 @@ class _Server:
 
             try:
                 while True:
-                    msg = await framed.receive_opened(session)
+                    wait_s = limits.idle_timeout_s if conn.proven \
+                        else limits.first_frame_timeout_s
+                    with trio.move_on_after(wait_s) as waited:
+                        msg = await framed.receive_opened(session)
+                    if waited.cancelled_caught:
+                        timed_out = True
+                        nursery.cancel_scope.cancel()
+                        break
+                    conn.proven = True
                     if msg is None:
                         break
                     request = parse_request(msg)
-                    if in_flight >= self.max_in_flight:
+                    if in_flight >= limits.max_in_flight:
                         raise RemoteProtocolError(
-                            f"more than {self.max_in_flight} requests in flight")
+                            f"more than {limits.max_in_flight} requests in flight")
                     in_flight += 1
                     nursery.start_soon(run_one, *request)
             except RemoteProtocolError as exc:
@@ -155,3 +223,46 @@ class _Server:
                 nursery.cancel_scope.cancel()
         if fault:
             raise fault[0]
+        if timed_out:
+            raise trio.TooSlowError
+
+
+async def serve_data_plane(*, host: str, port: int, server: DataPlaneServer | None = None,
+                           identity: Identity | None = None, roster: Roster | None = None,
+                           handler: Handler | None = None, counters: Counters | None = None,
+                           limits: Limits | None = None,
+                           handshake_timeout_s: float | None = None,
+                           max_in_flight: int | None = None,
+                           congestion_control: str | None = None,
+                           task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+                           ) -> None:
+    """Serve authenticated RPCs until cancelled; ``task_status.started(bound_port)``.
+
+    Pass a ready :class:`DataPlaneServer` (the node does, to rekey it later) or the
+    pieces to build one (``handshake_timeout_s``/``max_in_flight`` override ``limits``).
+    ``congestion_control`` is set on the listeners (accepted connections inherit it).
+    """
+    if server is None:
+        if identity is None or roster is None or handler is None or counters is None:
+            raise TypeError("serve_data_plane: pass server= or identity, roster, handler "
+                            "and counters")
+        changes: dict[str, Any] = {}
+        if handshake_timeout_s is not None:
+            changes["handshake_timeout_s"] = handshake_timeout_s
+        if max_in_flight is not None:
+            changes["max_in_flight"] = max_in_flight
+        server = DataPlaneServer(identity=identity, roster=roster, handler=handler,
+                                 counters=counters,
+                                 limits=(limits or Limits()).override(changes))
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    try:
+        for listener in listeners:
+            set_congestion_control(listener.socket, congestion_control)
+        bound_port: int = listeners[0].socket.getsockname()[1]
+        async with trio.open_nursery() as nursery:
+            for listener in listeners:
+                nursery.start_soon(server.accept_loop, listener, nursery)
+            task_status.started(bound_port)
+    finally:
+        for listener in listeners:
+            await trio.aclose_forcefully(listener)

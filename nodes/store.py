@@ -178,7 +178,8 @@ class SqliteStore:
                 new += self._install_one(record)
             self._db.execute("COMMIT")
         except BaseException:
-            self._db.execute("ROLLBACK")
+            if self._db.in_transaction:  # SQLite already rolled back after e.g. SQLITE_FULL
+                self._db.execute("ROLLBACK")
             raise
         for record in batch:
             self._remember(record)

@@ -44,7 +44,7 @@ log = logging.getLogger("nodes.transport")
 Handler = Callable[[str, str, dict[str, Any]], Awaitable[Any]]
 Connection = Literal["fresh", "reuse"]
 CONNECTION_SETTINGS: tuple[str, ...] = ("fresh", "reuse")
-HANDSHAKE_TIMEOUT_S = 10.0
+HANDSHAKE_TIMEOUT_S = 10.0  # the default of nodes.limits.Limits.handshake_timeout_s
 MAX_IN_FLIGHT_PER_CONNECTION = 4096  # per-key validation of 128 keys needs 128
 MAX_REQUEST_ID = 2**63 - 1
 MAX_ERROR_CHARS = 1000
@@ -63,6 +63,14 @@ class Counters:
     connections_opened: int = 0
     connections_accepted: int = 0
     rejected: int = 0
+    refused: int = 0  # inbound connections refused or evicted by the connection caps
+    rpc_timeouts: int = 0  # calls of this node's client that got no answer in time
+    # High-water marks against nodes.limits (what an honest campaign needs):
+    peak_connections: int = 0  # inbound connections open at once
+    peak_peer_connections: int = 0  # ... from one peer
+    peak_frame_objects: int = 0  # objects in one received body
+    peak_install_records: int = 0  # records one peer installed here this episode
+    peak_install_bytes: int = 0  # ... their content bytes
 
     def snapshot(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -73,14 +81,29 @@ class Counters:
 
 
 class FramedStream:
-    """A TCP stream speaking length-prefixed frames, counting them, one sender at a time."""
+    """A TCP stream speaking length-prefixed frames, counting them, one sender at a time.
 
-    def __init__(self, stream: trio.SocketStream, counters: Counters) -> None:
+    Until :meth:`authenticated` it accepts frames of at most ``pre_auth_max_bytes``
+    and reads no byte beyond the frame being received (rule 6 of ``protocols.auth``).
+    """
+
+    def __init__(self, stream: trio.SocketStream, counters: Counters, *,
+                 pre_auth_max_bytes: int = wire.MAX_FRAME_BYTES) -> None:
         self.stream = stream
         self._counters = counters
-        self._decoder = wire.FrameDecoder()
+        self._decoder = wire.FrameDecoder(max_frame_bytes=pre_auth_max_bytes)
+        self._exact = True
         self._send_lock = trio.Lock()
         self._torn = False  # a send was interrupted mid-frame: the stream is unusable
+
+    def authenticated(self) -> None:
+        """The handshake is done: full-size frames, large reads from now on."""
+        self._decoder.max_frame_bytes = wire.MAX_FRAME_BYTES
+        self._exact = False
+
+    @property
+    def buffered_bytes(self) -> int:
+        return self._decoder.buffered_bytes
 
     @property
     def torn(self) -> bool:
@@ -110,7 +133,7 @@ class FramedStream:
             await self._send_frame(wire.encode_frame(session.encrypt(body)))
 
     async def receive_body(self) -> bytes | None:
-        body = await wire.read_frame(self.stream, self._decoder)
+        body = await wire.read_frame(self.stream, self._decoder, exact=self._exact)
         if body is not None:
             self._counters.bytes_received += wire.PREFIX_BYTES + len(body)
             self._counters.frames_received += 1
@@ -121,7 +144,10 @@ class FramedStream:
         body = await self.receive_body()
         if body is None:
             return None
-        return wire.unpack(session.decrypt(body))
+        obj, objects = wire.unpack_counted(session.decrypt(body))
+        if objects > self._counters.peak_frame_objects:
+            self._counters.peak_frame_objects = objects
+        return obj
 
     async def aclose(self) -> None:
         await trio.aclose_forcefully(self.stream)

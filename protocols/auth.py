@@ -24,6 +24,14 @@ Rules this module enforces:
    the session unusable (a channel is never resynchronised).
 5. Deviation from Noise: transport messages may exceed 65535 bytes (our frame cap is
    1 MiB, see ``protocols.wire``); the AEAD has no such limit.
+6. Handshake frames are accepted only at their exact sizes (frame 1: 2 + len(id) + 48
+   bytes, frame 2: 48 bytes); before the handshake a transport reads no more than
+   :data:`HANDSHAKE1_MAX_BYTES` (the responder) or :data:`HANDSHAKE2_BYTES`.
+7. Handshake message 1 can be replayed by anyone who saw it (the responder answers
+   every time); the replayer completes a handshake it cannot use (it lacks the
+   initiator's keys), and the transport closes such a connection when no
+   authenticated frame follows (``nodes.limits``). Keys pinned per episode make a
+   message 1 of another episode fail to verify.
 """
 
 from __future__ import annotations
@@ -48,6 +56,11 @@ HASH_BYTES = 64
 KEY_BYTES = 32
 TAG_BYTES = 16
 _MAX_NONCE = 2**64 - 1  # reserved by Noise; never used for a message
+#: A handshake message with an empty payload: ephemeral key + tag.
+NOISE_MESSAGE_BYTES = DH_BYTES + TAG_BYTES
+#: Handshake frame bodies have exact sizes (rule 6): frame 1 = 2 + len(id) + 48 bytes.
+HANDSHAKE1_MAX_BYTES = 2 + MAX_AGENT_ID_BYTES + NOISE_MESSAGE_BYTES
+HANDSHAKE2_BYTES = NOISE_MESSAGE_BYTES
 
 
 # --- primitives -----------------------------------------------------------------------
@@ -340,6 +353,9 @@ class ChannelInitiator:
 
     def finish(self, body: bytes) -> Session:
         """Consume the responder's frame body; raises RemoteProtocolError on failure."""
+        if len(body) != HANDSHAKE2_BYTES:
+            raise RemoteProtocolError(f"handshake message 2 of {len(body)} bytes; "
+                                      f"expected {HANDSHAKE2_BYTES}")
         self._hs.read_message(body)
         return self._hs.split(self.peer_id)
 
@@ -358,8 +374,11 @@ class ChannelResponder:
         if len(body) < 2 or body[0] != HELLO_VERSION:
             raise RemoteProtocolError("handshake hello has a bad version byte")
         id_len = body[1]
-        if not 0 < id_len <= MAX_AGENT_ID_BYTES or len(body) < 2 + id_len:
+        if not 0 < id_len <= MAX_AGENT_ID_BYTES:
             raise RemoteProtocolError("handshake hello has a bad agent id length")
+        if len(body) != 2 + id_len + NOISE_MESSAGE_BYTES:
+            raise RemoteProtocolError(f"handshake message 1 of {len(body)} bytes; expected "
+                                      f"{2 + id_len + NOISE_MESSAGE_BYTES}")
         try:
             peer_id = body[2:2 + id_len].decode()
         except UnicodeDecodeError:

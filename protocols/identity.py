@@ -4,6 +4,13 @@ Every agent (and the central directory) has one Ed25519 key pair. It signs recor
 with it, and the channel handshake uses the same key converted to X25519, so one
 pinned public key per agent in the roster authenticates both records and
 connections. Keys are derived from a seed so that a campaign is reproducible.
+
+Episode binding: a controller derives every member's key from the campaign seed *and
+an episode label* (:meth:`Identity.derive` with ``episode=``) and re-pins the whole
+roster at each episode's reset. A record signed, or a handshake made, in another
+episode (or in another campaign with the same seed) then fails verification against
+the pinned keys: nothing of it is stored. Key sizes never change, so neither do frame
+or record sizes (docs/architecture.md, "Threat model").
 """
 
 from __future__ import annotations
@@ -28,8 +35,14 @@ class Identity:
     seed: bytes  # 32 bytes; the Ed25519 seed
 
     @classmethod
-    def derive(cls, agent_id: str, campaign_seed: int | str) -> Identity:
+    def derive(cls, agent_id: str, campaign_seed: int | str, *,
+               episode: str | None = None) -> Identity:
+        """The key of ``agent_id`` in a campaign, bound to ``episode`` when given."""
         material = f"planfence-testbed/identity/{campaign_seed}/{agent_id}".encode()
+        if episode is not None:  # length-delimited: no two (seed, episode, agent) collide
+            label = episode.encode()
+            material = (b"planfence-testbed/episode-identity/v1\x00"
+                        + len(label).to_bytes(4, "big") + label + b"\x00" + material)
         return cls(agent_id, hashlib.blake2b(material, digest_size=32).digest())
 
     @cached_property

@@ -33,6 +33,7 @@ MAX_CONTENT_BYTES = 384 * 1024  # artifacts are 256-320 KiB; compact records <= 
 MAX_PARENTS = 256
 MAX_RECORDS_PER_INSTALL = 64  # records one `install` call may carry
 MAX_KEY_CHARS = 200
+MAX_SEQ = 2**63 - 1  # SQLite INTEGER; a larger sequence is the peer's protocol error
 RECORD_TYPES = frozenset({"requirement", "review", "plan", "decision", "artifact", "action"})
 _ID_PERSON = b"pf-record-v1"
 _FORMAT_VERSION = 1
@@ -91,13 +92,13 @@ class Record:
             raise RemoteProtocolError("record key must be a non-empty string")
         if not isinstance(owner, str) or not isinstance(author, str):
             raise RemoteProtocolError("record owner/author must be strings")
-        if not isinstance(seq, int) or isinstance(seq, bool) or not 0 <= seq < 2**63:
+        if not isinstance(seq, int) or isinstance(seq, bool) or not 0 <= seq <= MAX_SEQ:
             raise RemoteProtocolError("record seq must be a non-negative integer")
         if not isinstance(parents, (list, tuple)) or len(parents) > MAX_PARENTS or not all(
                 isinstance(p, bytes) and len(p) == RECORD_ID_BYTES for p in parents):
             raise RemoteProtocolError("record parents must be a list of 32-byte IDs")
-        if rtype not in RECORD_TYPES:
-            raise RemoteProtocolError(f"unknown record type {rtype!r}")
+        if not isinstance(rtype, str) or rtype not in RECORD_TYPES:
+            raise RemoteProtocolError(f"unknown record type {str(rtype)[:80]!r}")
         if not isinstance(content, bytes) or len(content) > MAX_CONTENT_BYTES:
             raise RemoteProtocolError("record content must be bytes within the size cap")
         if not isinstance(sig, bytes) or len(sig) != 64:
@@ -122,8 +123,9 @@ class HeadInfo:
         if not isinstance(d, Mapping):
             raise RemoteProtocolError("head is not a map")
         key, owner, seq, rid = d.get("key"), d.get("owner"), d.get("seq"), d.get("id")
-        if not (isinstance(key, str) and isinstance(owner, str) and isinstance(seq, int)
-                and not isinstance(seq, bool) and seq >= 0
+        if not (isinstance(key, str) and 0 < len(key) <= MAX_KEY_CHARS
+                and isinstance(owner, str) and isinstance(seq, int)
+                and not isinstance(seq, bool) and 0 <= seq <= MAX_SEQ
                 and isinstance(rid, bytes) and len(rid) == RECORD_ID_BYTES):
             raise RemoteProtocolError("malformed head envelope")
         return cls(key, owner, seq, rid)

@@ -11,7 +11,10 @@ Rules this module enforces:
    strings, binaries, arrays, maps and nesting; map keys must be ``str`` at every
    depth; extension types are refused. Whatever a peer sends, decoding either
    returns plain Python data (None, bool, int, float, str, bytes, list, dict) or
-   raises :class:`RemoteProtocolError` - nothing else.
+   raises :class:`RemoteProtocolError` - nothing else. Every object of a body counts
+   (containers, keys and scalars) and a body of more than ``MAX_OBJECTS`` is refused;
+   containers are counted while msgpack builds them, so a frame of a million empty
+   maps is refused after ``MAX_OBJECTS`` of them, not after building them all.
 4. Encoding our own objects that break the limits is *our* bug
    (:class:`LocalProtocolError`).
 
@@ -37,6 +40,7 @@ MAX_STR_BYTES = 64 * 1024
 MAX_ARRAY_ITEMS = 16 * 1024
 MAX_MAP_ITEMS = 1024
 MAX_DEPTH = 32
+MAX_OBJECTS = 256 * 1024  # per body; the largest honest body holds about 37 Ki
 RECEIVE_CHUNK_BYTES = 256 * 1024
 
 _PLAIN_SCALARS = (type(None), bool, int, float, str, bytes)
@@ -63,6 +67,19 @@ class FrameDecoder:
     def buffered_bytes(self) -> int:
         """Bytes held that do not yet form a complete frame."""
         return len(self._buffer)
+
+    def wanted_bytes(self) -> int:
+        """Bytes still missing to complete the next frame (the prefix first).
+
+        Reading no more than this (``read_frame(..., exact=True)``) keeps at most one
+        frame of at most ``max_frame_bytes`` buffered: what a connection holds before
+        it is authenticated.
+        """
+        buf = self._buffer
+        if len(buf) < PREFIX_BYTES:
+            return PREFIX_BYTES - len(buf)
+        size = int.from_bytes(buf[:PREFIX_BYTES], "big")
+        return max(1, PREFIX_BYTES + min(size, self.max_frame_bytes) - len(buf))
 
     def feed(self, data: bytes | bytearray) -> list[bytes]:
         """Add ``data``; return the bodies of the frames it completed."""
@@ -106,17 +123,20 @@ class FrameDecoder:
             raise RemoteProtocolError(f"frame decoder unusable after error: {self._broken}")
 
 
-async def read_frame(stream: trio.abc.ReceiveStream, decoder: FrameDecoder) -> bytes | None:
+async def read_frame(stream: trio.abc.ReceiveStream, decoder: FrameDecoder, *,
+                     exact: bool = False) -> bytes | None:
     """Return the next frame body from ``stream``, or None at a clean end of stream.
 
     Raises :class:`RemoteProtocolError` for a bad prefix or a stream that ends inside
-    a frame. Bytes beyond the returned frame stay buffered in ``decoder``.
+    a frame. Bytes beyond the returned frame stay buffered in ``decoder``; with
+    ``exact`` none are read (see :meth:`FrameDecoder.wanted_bytes`).
     """
     while True:
         body = decoder.next_frame()
         if body is not None:
             return body
-        data = await stream.receive_some(RECEIVE_CHUNK_BYTES)
+        data = await stream.receive_some(
+            decoder.wanted_bytes() if exact else RECEIVE_CHUNK_BYTES)
         if not data:
             decoder.close()
             return None
@@ -136,26 +156,52 @@ def pack(obj: Any, *, max_frame_bytes: int = MAX_FRAME_BYTES) -> bytes:
 
 def unpack(body: bytes, *, max_frame_bytes: int = MAX_FRAME_BYTES) -> Any:
     """Decode a peer's msgpack body under hard limits (see the rules above)."""
+    return unpack_counted(body, max_frame_bytes=max_frame_bytes)[0]
+
+
+def unpack_counted(body: bytes, *, max_frame_bytes: int = MAX_FRAME_BYTES
+                   ) -> tuple[Any, int]:
+    """:func:`unpack`, also returning how many objects the body held."""
     if len(body) > max_frame_bytes:
         raise RemoteProtocolError(f"body of {len(body)} bytes exceeds {max_frame_bytes}")
+    containers = 0
+
+    def count(container: Any) -> Any:
+        nonlocal containers
+        containers += 1
+        if containers > MAX_OBJECTS:
+            raise _TooManyObjects
+        return container
+
     try:
         obj = msgpack.unpackb(
             body, raw=False, strict_map_key=True, use_list=True,
             max_str_len=MAX_STR_BYTES, max_bin_len=max_frame_bytes,
             max_array_len=MAX_ARRAY_ITEMS, max_map_len=MAX_MAP_ITEMS, max_ext_len=0,
+            object_hook=count, list_hook=count,
         )
+    except _TooManyObjects:
+        raise RemoteProtocolError(f"body holds more than {MAX_OBJECTS} objects") from None
     except Exception as exc:  # msgpack raises many types for garbage; all are the peer's
         raise RemoteProtocolError(f"malformed msgpack body: {type(exc).__name__}: {exc}") \
             from None
-    check_plain(obj)
-    return obj
+    return obj, check_plain(obj)
 
 
-def check_plain(obj: Any) -> None:
-    """Reject extension values, non-str map keys and nesting deeper than MAX_DEPTH."""
+class _TooManyObjects(Exception):
+    pass
+
+
+def check_plain(obj: Any) -> int:
+    """Reject extension values, non-str map keys, nesting deeper than MAX_DEPTH and
+    bodies of more than MAX_OBJECTS objects (every container, key and scalar)."""
     stack: list[tuple[Any, int]] = [(obj, 0)]
+    seen = 0
     while stack:
         item, depth = stack.pop()
+        seen += 1
+        if seen > MAX_OBJECTS:
+            raise RemoteProtocolError(f"body holds more than {MAX_OBJECTS} objects")
         if isinstance(item, _PLAIN_SCALARS):
             continue
         if depth >= MAX_DEPTH:
@@ -167,6 +213,8 @@ def check_plain(obj: Any) -> None:
                 if not isinstance(key, str):
                     raise RemoteProtocolError(
                         f"map key of type {type(key).__name__}; only str keys allowed")
+                seen += 1
                 stack.append((value, depth + 1))
         else:
             raise RemoteProtocolError(f"value of type {type(item).__name__} not allowed")
+    return seen

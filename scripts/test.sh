@@ -6,7 +6,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh || exit 1
 status=0
-.venv/bin/ruff check protocols nodes testbed tests || status=1
+.venv/bin/ruff check protocols nodes testbed tests scripts || status=1
 .venv/bin/mypy || status=1
 .venv/bin/python -m pytest "$@"
 rc=$?

@@ -236,6 +236,15 @@ def set_sysctl(netns: str, key: str, value: str) -> None:
     run_in_netns(netns, write)
 
 
+def disable_ipv6(netns: str) -> None:
+    """No IPv6 in NETNS, on its devices now and later (the testbed is IPv4 only; router
+    solicitations and MLD reports would count as link traffic). A no-op on a kernel
+    without IPv6."""
+    for key in ("net.ipv6.conf.all.disable_ipv6", "net.ipv6.conf.default.disable_ipv6"):
+        if sysctl_path(key).exists():
+            set_sysctl(netns, key, "1")
+
+
 def get_sysctl(netns: str | None, key: str) -> str:
     path = sysctl_path(key)
     if netns is None:

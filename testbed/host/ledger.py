@@ -9,6 +9,11 @@ Rules of this module:
 - Removal goes in reverse order of creation and tolerates objects that are already
   gone (``ENOENT``/``ENODEV``/``ESRCH``), nothing else; a process is stopped only if it
   is still the same process (pid and start time), never by pattern.
+- Temporary directories of a run (node stores and logs, control sockets) are named
+  ``<kind>-<prefix>-<n>`` under the temp root and recorded (``tmpdir``) before they
+  are made; a run that has no topology (loopback) still has a ledger for them
+  (:func:`open_run_ledger`), and ``--resume`` removes those of a dead run on the same
+  results directory (:func:`clean_dead_runs`).
 - Root-namespace sysctls are global: several runs may need a word in one at once, so
   they hold it jointly (:func:`hold_root_sysctl_word`); the last live holder restores
   the host's value.
@@ -19,9 +24,12 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import itertools
 import json
 import os
 import secrets
+import shutil
+import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -37,8 +45,19 @@ from testbed.host.kernel import (
     sysctl_path,
 )
 from testbed.host.processes import process_start_ticks, same_process, stop_process
+from testbed.host.userns import in_user_namespace, outer_uid
 
 STATE_DIR = Path("/run/planfence-testbed")
+TMPDIR_KINDS = ("planfence", "pft-ctl")  # node stores and logs; control sockets
+
+
+def run_state_dir() -> Path:
+    """Where this user's run ledgers live: STATE_DIR for root, else a directory of the
+    user's under the temp root (loopback runs need no root; a rootless run's /run is
+    a private tmpfs that vanishes with it, while its temporary directories do not)."""
+    if os.geteuid() == 0 and not in_user_namespace():
+        return STATE_DIR
+    return Path(tempfile.gettempdir()) / f"planfence-testbed-{outer_uid()}"
 
 
 def new_prefix() -> str:
@@ -175,6 +194,7 @@ class Ledger:
     owner_pid: int = field(default_factory=os.getpid)
     state_dir: Path = STATE_DIR
     owner_start_ticks: int | None = None  # None: read from /proc for owner_pid
+    label: str = ""  # what the run is about (a run ledger: its results directory)
 
     def __post_init__(self) -> None:
         check_prefix(self.prefix)
@@ -188,7 +208,8 @@ class Ledger:
         body = json.loads(path.read_text())
         return cls(prefix=str(body["prefix"]), entries=list(body["entries"]),
                    owner_pid=int(body["owner_pid"]), state_dir=path.parent,
-                   owner_start_ticks=body.get("owner_start_ticks"))
+                   owner_start_ticks=body.get("owner_start_ticks"),
+                   label=str(body.get("label", "")))
 
     def owner_alive(self) -> bool:
         return same_process(self.owner_pid, self.owner_start_ticks)
@@ -204,6 +225,7 @@ class Ledger:
             "prefix": self.prefix,
             "owner_pid": self.owner_pid,
             "owner_start_ticks": self.owner_start_ticks,
+            "label": self.label,
             "entries": self.entries,
         }
         tmp.write_text(json.dumps(body))
@@ -223,8 +245,39 @@ class Ledger:
         self._check_name(ifname)
         self._add({"kind": "link", "name": ifname, "netns": netns})
 
+    def new_tmpdir(self, kind: str, root: Path | None = None) -> Path:
+        """Record, then create, a fresh directory ``<root>/<kind>-<prefix>-<n>``."""
+        if kind not in TMPDIR_KINDS:
+            raise ValueError(f"tmpdir kind: {kind!r} not one of {', '.join(TMPDIR_KINDS)}")
+        base = Path(root) if root is not None else Path(tempfile.gettempdir())
+        for n in itertools.count(1):
+            path = (base / f"{kind}-{self.prefix}-{n}").absolute()
+            if path.exists() or any(e.get("path") == str(path) for e in self.entries):
+                continue
+            self._add({"kind": "tmpdir", "path": str(path)})
+            path.mkdir(mode=0o700, parents=False)
+            return path
+        raise AssertionError("unreachable")
+
+    def remove_tmpdir(self, path: Path) -> None:
+        """Remove a directory made by :meth:`new_tmpdir`, and its entry."""
+        entry = {"kind": "tmpdir", "path": str(Path(path).absolute())}
+        _undo(entry)
+        with self._lock:
+            if entry in self.entries:
+                self.entries.remove(entry)
+                self._save()
+
     def record_process(self, pid: int) -> None:
         self._add({"kind": "process", "pid": pid, "start_ticks": process_start_ticks(pid)})
+
+    def forget_process(self, pid: int) -> None:
+        """The process has exited: drop its entry (nothing left to undo)."""
+        with self._lock:
+            kept = [e for e in self.entries if not (e["kind"] == "process" and e["pid"] == pid)]
+            if len(kept) != len(self.entries):
+                self.entries = kept
+                self._save()
 
     @property
     def owner(self) -> list[Any]:
@@ -246,7 +299,9 @@ class Ledger:
         """Remove everything recorded, newest first; returns what was removed.
 
         Keeps going after a failure and raises the first one at the end, so one stuck
-        object does not leak the others.
+        object does not leak the others; an entry that could not be undone stays
+        recorded (a later `clean` retries it; a version that does not know its kind
+        leaves it to one that does).
         """
         removed: list[str] = []
         first_error: BaseException | None = None
@@ -258,6 +313,7 @@ class Ledger:
                     removed.append(_describe(entry))
             except Exception as exc:
                 first_error = first_error or exc
+                continue
             with self._lock:
                 self.entries.remove(entry)
                 self._save()
@@ -270,6 +326,8 @@ class Ledger:
 
 
 def _describe(entry: dict[str, Any]) -> str:
+    if entry["kind"] == "tmpdir":
+        return f"directory {entry['path']}"
     if entry["kind"] == "process":
         return f"process {entry['pid']}"
     if entry["kind"] == "sysctl":
@@ -293,12 +351,34 @@ def _undo(entry: dict[str, Any]) -> bool:
     if kind == "shared_sysctl":
         return release_root_sysctl_word(str(entry["key"]), str(entry["holder"]),
                                         Path(str(entry["state_dir"])))
-    raise ValueError(f"ledger entry kind: netns|link|process|sysctl|shared_sysctl, got {kind!r}")
+    if kind == "tmpdir":
+        return _remove_tmpdir(Path(str(entry["path"])))
+    raise ValueError("ledger entry kind: netns|link|process|sysctl|shared_sysctl|tmpdir, "
+                     f"got {kind!r}")
+
+
+def _remove_tmpdir(path: Path) -> bool:
+    """Remove a run's temporary directory; refuses a path not named by new_tmpdir."""
+    if not (path.is_absolute() and any(path.name.startswith(f"{k}-tb") for k in TMPDIR_KINDS)):
+        raise ValueError(f"tmpdir entry {path}: not a run's temporary directory")
+    if not path.exists():
+        return False
+    shutil.rmtree(path, ignore_errors=True)
+    if path.exists():  # what rmtree could not remove
+        raise OSError(errno.ENOTEMPTY, f"cannot remove {path}")
+    return True
 
 
 def clean_all(state_dir: Path = STATE_DIR) -> list[str]:
     """Undo the ledgers of runs whose owner process is dead; never touches unrecorded things."""
+    return clean_dead_runs(state_dir)
+
+
+def clean_dead_runs(state_dir: Path, *, label: str | None = None) -> list[str]:
+    """Undo the ledgers in ``state_dir`` whose owner is dead (only those with ``label``
+    if given: ``--resume`` cleans what a killed run on the same directory left)."""
     removed: list[str] = []
+    first_error: BaseException | None = None
     if not state_dir.is_dir():
         return removed
     for path in sorted(state_dir.glob("tb*.json")):
@@ -306,12 +386,34 @@ def clean_all(state_dir: Path = STATE_DIR) -> list[str]:
             ledger = Ledger.load(path)
         except (OSError, ValueError, KeyError, TypeError, UserError):
             continue  # not a ledger this version can read: leave it alone
-        if ledger.owner_alive():
-            continue  # a live run owns it
-        removed.extend(ledger.teardown())
+        if ledger.owner_alive() or (label is not None and ledger.label != label):
+            continue  # a live run owns it, or another run's
+        try:
+            removed.extend(ledger.teardown())
+        except Exception as exc:  # keep cleaning the others; what failed stays recorded
+            first_error = first_error or exc
+            continue
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
+    if first_error is not None:
+        raise first_error
     return removed
+
+
+@contextlib.contextmanager
+def open_run_ledger(label: str, *, state_dir: Path | None = None) -> Iterator[Ledger]:
+    """The ledger of one ``testbed run`` (its temporary directories); on exit whatever
+    is still recorded is removed and the ledger deleted. A SIGKILLed run leaves the
+    ledger for ``testbed clean`` or ``--resume``."""
+    ledger = Ledger(new_prefix(), state_dir=state_dir or run_state_dir(), label=label)
+    ledger.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    ledger._save()  # an empty ledger already names its owner
+    try:
+        yield ledger
+    finally:
+        ledger.teardown()
+        with contextlib.suppress(FileNotFoundError):
+            ledger.path.unlink()
 
 
 @contextlib.contextmanager

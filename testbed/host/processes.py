@@ -43,6 +43,12 @@ def stop_process(pid: int, start_ticks: int | None, *, grace_s: float = 2.0) -> 
     return True
 
 
+def is_running(pid: int, start_ticks: int | None) -> bool:
+    """The recorded process still runs (a zombie has exited: only its reaping is left,
+    which is its parent's business, init's once it was re-parented)."""
+    return same_process(pid, start_ticks) and not _is_zombie(pid)
+
+
 def _is_zombie(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"

@@ -57,6 +57,17 @@ def in_user_namespace() -> bool:
     return " ".join(lines[0].split()) != _INIT_MAP
 
 
+def outer_uid() -> int:
+    """This process's uid in the initial user namespace (its own uid outside one)."""
+    try:
+        first = Path("/proc/self/uid_map").read_text().split("\n")[0].split()
+    except OSError:
+        return os.getuid()
+    if len(first) == 3 and first[0] == str(os.getuid()):
+        return int(first[1])
+    return os.getuid()
+
+
 def privilege() -> str:
     """``root``, ``userns`` or ``user`` (rule 1)."""
     if os.geteuid() != 0:

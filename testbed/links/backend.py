@@ -22,12 +22,20 @@ Rules:
    needs, each done for real in a scratch namespace recorded in a ledger, as
    :class:`ProbeResult` rows (a refusal's detail carries the kernel's errno). The
    backend works here when every one of them passes.
+5. Each host gets its own link (``NetworkProfile.link_of``); a backend that cannot
+   express a field of some link refuses before it creates anything (``unsupported()``
+   in its module names the field and why); it never runs a link otherwise.
+6. ``start_log(directory, label)`` / ``stop_log()`` write per-host, per-direction
+   packet logs in Mahimahi's format where the backend can (userspace); elsewhere they
+   raise UserError.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Protocol
+
+from testbed.errors import HostError
 
 BACKEND_CHOICES = ("auto", "userspace", "netem")
 """What a user may ask for (a campaign's ``options.backend``, ``--backend``)."""
@@ -57,6 +65,21 @@ class LinkBackend(Protocol):
     async def statistics(self) -> dict[str, float]: ...
 
     async def clear_statistics(self) -> None: ...
+
+    async def start_log(self, directory: str, label: str) -> None: ...
+
+    async def stop_log(self) -> None: ...
+
+    async def fault(self, host: str, kind: str, *, seconds: float, rate: float = 1.0
+                    ) -> dict[str, int]:
+        """Start fault KIND (``testbed.links.core.FAULT_KINDS``) on the packets from or
+        to HOST for SECONDS; returns the packets faulted so far per kind. A backend
+        that cannot raises FaultUnsupported (one line)."""
+        ...
+
+
+class FaultUnsupported(HostError):
+    """This link backend cannot inject that fault."""
 
 
 @dataclass(frozen=True)

@@ -1,87 +1,59 @@
 """The userspace emulator process (the child side of the userspace link backend).
 
-The child (``python -m testbed.links.emulator --control-fd N``) inherits every
-host's TUN fd and one end of a socketpair. It runs `userspace.EmulatorCore` in a plain
-select() loop: select's timeout has microsecond resolution and the timer slack is set
-to 1 ns, so releases are ~0.1 ms late at worst, where an epoll loop (trio's) would be
-~1 ms late. It is a process, not a thread of the controller, so the controller's GIL
-(5 ms switch interval) never delays a packet. See docs/emulator.md.
+``python -m testbed.links.emulator --control-fd N`` serves one group of hosts (one
+topology) on an inherited control socket, with every host's TUN fd inherited too.
+``python -m testbed.links.emulator --service-fd N`` is the shared emulator of a
+process's lanes: on the service socket (SOCK_SEQPACKET) the parent sends, one message
+per group, a new control socket and the group's TUN fds (SCM_RIGHTS), and the child
+serves every group at once, each on its own control connection with its own link core
+and statistics (``testbed.links.emulator_group`` has the per-group control ops).
 
-Control protocol on the socketpair: ``protocols.wire`` frames (4-byte big-endian length
-+ msgpack map), the same codec as the data and control planes, with a larger frame cap
-(:data:`CONTROL_MAX_FRAME_BYTES`: a configure message carries whole traces).
-Parent -> child (``testbed.links.userspace``):
-``{"op": "configure", "specs": [...], "hosts": [...], "seed": int}`` first (each distinct direction spec once, stamps as packed int64; hosts name the index of
-their up and down spec), then
-``{"op": "restart"}``, ``{"op": "counters"}``, ``{"op": "clear_lateness"}``,
-``{"op": "stop"}``. Child -> parent:
-``{"ok": true, ...}`` or ``{"ok": false, "error": str}``. EOF on the socket (the
-controller died) stops the child, as do SIGTERM and SIGINT.
+It runs the groups' ``EmulatorCore`` in one plain select() loop: select's timeout has
+microsecond resolution and the timer slack is set to 1 ns, so releases are ~0.1 ms late
+at worst, where an epoll loop (trio's) would be ~1 ms late. It is a process, not a
+thread of the controller, so the controller's GIL (5 ms switch interval) never delays a
+packet; and one process for every lane means one real-time loop instead of one per lane
+competing for two cores (docs/emulator.md).
+
+EOF on a group's control socket ends that group (its fds are closed); EOF on the
+inherited control socket, or on the service socket, means the controller is gone and
+stops the child, as do SIGTERM and SIGINT.
 """
 
 from __future__ import annotations
 
 import argparse
-import array
+import contextlib
 import ctypes
 import errno
 import os
-import random
 import select
 import signal
 import socket
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
+
+import msgpack
 
 from protocols import wire
 from protocols.errors import RemoteProtocolError
-from testbed.links.model import DirectionSpec, EmulatorCore, HostLinks, LinkQueue
+from testbed.links.emulator_group import (
+    LATE_BIN_US,
+    GroupState,
+    decode_message,
+    encode_message,
+    handle,
+    log_stop,
+    new_decoder,
+)
 
 _PR_SET_TIMERSLACK = 29
-CONTROL_MAX_FRAME_BYTES = 64 * 1024 * 1024
 _READ_BATCH = 64
-_LATE_BIN_US = 25
 _SPIN_MS = 0.3
-
-
-# ---------------------------------------------------------------- framing
-
-
-def encode_message(body: dict[str, Any]) -> bytes:
-    """One control message as a wire frame."""
-    return wire.encode_frame(wire.pack(body, max_frame_bytes=CONTROL_MAX_FRAME_BYTES),
-                             max_frame_bytes=CONTROL_MAX_FRAME_BYTES)
-
-
-def decode_message(body: bytes) -> dict[str, Any]:
-    message = wire.unpack(body, max_frame_bytes=CONTROL_MAX_FRAME_BYTES)
-    if not isinstance(message, dict):
-        raise RemoteProtocolError("emulator control message is not a map")
-    return message
-
-
-def new_decoder() -> wire.FrameDecoder:
-    return wire.FrameDecoder(max_frame_bytes=CONTROL_MAX_FRAME_BYTES)
-
-
-def spec_to_wire(spec: DirectionSpec) -> dict[str, Any]:
-    # not dataclasses.asdict: it deep-copies the (long) stamp tuple
-    d = {f.name: getattr(spec, f.name) for f in fields(spec) if f.name != "stamps_ms"}
-    stamps = spec.stamps_ms
-    d["stamps"] = None if stamps is None else array.array("q", stamps).tobytes()
-    return d
-
-
-def _spec_from_wire(d: dict[str, Any]) -> DirectionSpec:
-    raw = d.pop("stamps")
-    stamps = None if raw is None else tuple(array.array("q", raw))
-    return DirectionSpec(stamps_ms=stamps, **d)
-
-
-# ---------------------------------------------------------------- child
+MAX_GROUP_FDS = 253  # SCM_RIGHTS carries at most 253 fds: a control socket + 252 hosts
 
 
 def _set_timer_slack_ns(ns: int) -> None:
@@ -95,34 +67,6 @@ def _set_timer_slack_ns(ns: int) -> None:
 
 class _Stop(Exception):
     pass
-
-
-def _now_ms() -> float:
-    return time.monotonic() * 1000.0
-
-
-def _build_core(msg: dict[str, Any]) -> tuple[EmulatorCore, list[int]]:
-    seed = int(msg["seed"])
-    specs = [_spec_from_wire(dict(d)) for d in msg["specs"]]
-    opportunities = [spec.opportunities() for spec in specs]  # immutable: shared
-    hosts: list[HostLinks] = []
-    fds: list[int] = []
-    now = _now_ms()
-
-    def queue(index: int, rng_seed: int) -> LinkQueue:
-        spec = specs[index]
-        return LinkQueue(
-            opportunities[index], delay_ms=spec.delay_ms, loss_pct=spec.loss_pct,
-            queue_packets=spec.queue_packets, queue_bytes=spec.queue_bytes,
-            rng=random.Random(rng_seed), origin_ms=now,
-        )
-
-    for i, h in enumerate(msg["hosts"]):
-        up = queue(int(h["up"]), seed * 1000 + 2 * i)
-        down = queue(int(h["down"]), seed * 1000 + 2 * i + 1)
-        hosts.append(HostLinks(h["name"], socket.inet_aton(h["address"]), up, down))
-        fds.append(int(h["fd"]))
-    return EmulatorCore(hosts), fds
 
 
 def _try_realtime(priority: int) -> bool:
@@ -141,50 +85,27 @@ def _try_realtime(priority: int) -> bool:
 
 
 @dataclass
-class _State:
-    """What the child's loop and its control handler share."""
+class _Conn:
+    """One group's control connection and the fds the group owns."""
 
-    realtime: bool
-    core: EmulatorCore | None = None
-    fds: list[int] = field(default_factory=list)
-    dead: set[int] = field(default_factory=set)
-    lateness: list[int] = field(default_factory=lambda: [0] * 200)  # _LATE_BIN_US bins
-    write_errors: int = 0
+    sock: socket.socket
+    group: GroupState
+    decoder: wire.FrameDecoder = field(default_factory=new_decoder)
+    owned: list[int] = field(default_factory=list)  # received fds, closed with the group
+
+    def close(self) -> None:
+        log_stop(self.group)
+        self.sock.close()
+        for fd in self.owned:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
-def _handle(st: _State, msg: dict[str, Any]) -> dict[str, Any] | None:
-    """One control request; the reply, or None for `stop`."""
-    op = msg.get("op")
-    if op == "configure":
-        st.core, st.fds = _build_core(msg)
-        return {"ok": True}
-    if op == "stop":
+def _release(st: GroupState, spin_ms: float) -> float | None:
+    """Write every packet of ST due now; the select() timeout until its next event."""
+    core = st.core
+    if core is None:
         return None
-    if st.core is None:
-        return {"ok": False, "error": f"op: {op!r} before configure"}
-    if op == "restart":
-        origin_ms = time.monotonic() * 1000.0
-        st.core.restart(origin_ms)
-        return {"ok": True, "origin_ms": origin_ms}
-    if op == "counters":
-        return {
-            "ok": True,
-            "counters": st.core.counters(),
-            "unroutable": st.core.unroutable,
-            "write_errors": st.write_errors,
-            "lateness_bin_us": _LATE_BIN_US,
-            "realtime": st.realtime,
-            "lateness": st.lateness,
-        }
-    if op == "clear_lateness":
-        st.lateness = [0] * len(st.lateness)
-        return {"ok": True}
-    return {"ok": False, "error": f"op: {op!r} is not one of configure, restart, "
-            "counters, clear_lateness, stop"}
-
-
-def _release(st: _State, core: EmulatorCore, spin_ms: float) -> float | None:
-    """Write every packet due now; return the select() timeout until the next event."""
     monotonic = time.monotonic
     for exit_ms, dst, packet in core.advance(monotonic() * 1000.0):
         try:
@@ -192,7 +113,9 @@ def _release(st: _State, core: EmulatorCore, spin_ms: float) -> float | None:
         except OSError:
             st.write_errors += 1  # full TUN queue or namespace gone: packet lost
         late_us = int((monotonic() * 1000.0 - exit_ms) * 1000.0)
-        st.lateness[min(late_us // _LATE_BIN_US, len(st.lateness) - 1)] += 1
+        st.lateness[min(late_us // LATE_BIN_US, len(st.lateness) - 1)] += 1
+        if late_us > st.late_max_us:
+            st.late_max_us = late_us
     nxt = core.next_event_ms()
     if nxt is None:
         return None
@@ -201,7 +124,8 @@ def _release(st: _State, core: EmulatorCore, spin_ms: float) -> float | None:
     return max(0.0, nxt - monotonic() * 1000.0 - spin_ms) / 1000.0
 
 
-def _read_packets(st: _State, core: EmulatorCore, fd: int, now_ms: float) -> None:
+def _read_packets(st: GroupState, fd: int, now_ms: float) -> None:
+    assert st.core is not None
     src = st.fds.index(fd)
     for _ in range(_READ_BATCH):
         try:
@@ -213,65 +137,101 @@ def _read_packets(st: _State, core: EmulatorCore, fd: int, now_ms: float) -> Non
                 st.dead.add(fd)  # its namespace is gone: stop watching it
                 return
             raise
-        core.receive(src, packet, now_ms)
+        st.core.receive(src, packet, now_ms)
 
 
-def run_child(control_fd: int, *, spin_ms: float = _SPIN_MS, rt_priority: int = 10) -> int:
-    """The emulator's select loop; returns the exit status."""
+def _accept_group(service: socket.socket, realtime: bool) -> _Conn | None:
+    """A group the parent sent on the service socket; None at EOF (the parent is gone)."""
+    data, fds, _, _ = socket.recv_fds(service, 1 << 16, MAX_GROUP_FDS)
+    if not data and not fds:
+        return None
+    parent_fds = [int(x) for x in msgpack.unpackb(data)["fds"]]
+    sock = socket.socket(fileno=fds[0])
+    sock.setblocking(False)
+    group = GroupState(realtime=realtime, fd_map=dict(zip(parent_fds, fds[1:], strict=True)))
+    return _Conn(sock, group, owned=list(fds[1:]))
+
+
+def _serve(conn: _Conn) -> bool:
+    """Handle what arrived on a group's control socket; False when the group ends."""
+    try:
+        chunk = conn.sock.recv(1 << 20)
+    except BlockingIOError:
+        return True
+    if not chunk:
+        return False
+    try:
+        for body in conn.decoder.feed(chunk):
+            reply = handle(conn.group, decode_message(body))
+            conn.sock.setblocking(True)
+            conn.sock.sendall(encode_message({"ok": True} if reply is None else reply))
+            conn.sock.setblocking(False)
+            if reply is None:
+                return False
+    except RemoteProtocolError as exc:
+        print(f"emulator: bad control message: {exc}", file=sys.stderr)
+        return False
+    return True
+
+
+def run_child(control_fd: int | None = None, *, service_fd: int | None = None,
+              spin_ms: float = _SPIN_MS, rt_priority: int = 10) -> int:
+    """The emulator's select loop over every group; returns the exit status."""
     _set_timer_slack_ns(1)
-    st = _State(realtime=_try_realtime(rt_priority))
-    ctl = socket.socket(fileno=control_fd)
-    ctl.setblocking(False)
-    ctl_fd = ctl.fileno()
+    realtime = _try_realtime(rt_priority)
+    conns: dict[int, _Conn] = {}
+    if control_fd is not None:
+        ctl = socket.socket(fileno=control_fd)
+        ctl.setblocking(False)
+        conns[ctl.fileno()] = _Conn(ctl, GroupState(realtime=realtime))
+    service = None if service_fd is None else socket.socket(fileno=service_fd)
 
     def on_signal(signum: int, frame: Any) -> None:
         raise _Stop
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    decoder = new_decoder()
     try:
         while True:
-            timeout = None if st.core is None else _release(st, st.core, spin_ms)
-            watch = [ctl_fd, *(fd for fd in st.fds if fd not in st.dead)]
-            readable, _, _ = select.select(watch, [], [], timeout)
+            timeouts = [t for c in conns.values()
+                        if (t := _release(c.group, spin_ms)) is not None]
+            owner = {fd: c for c in conns.values() for fd in c.group.fds
+                     if fd not in c.group.dead}
+            watch = [*conns, *owner, *([service.fileno()] if service is not None else [])]
+            readable, _, _ = select.select(watch, [], [], min(timeouts, default=None))
             now = time.monotonic() * 1000.0
             for r in readable:
-                if r != ctl_fd:
-                    assert st.core is not None
-                    _read_packets(st, st.core, r, now)
-                    continue
-                try:
-                    chunk = ctl.recv(1 << 20)
-                except BlockingIOError:
-                    continue
-                if not chunk:
-                    return 0  # the controller went away
-                try:
-                    bodies = decoder.feed(chunk)
-                    for body in bodies:
-                        reply = _handle(st, decode_message(body))
-                        ctl.setblocking(True)
-                        ctl.sendall(encode_message({"ok": True} if reply is None else reply))
-                        ctl.setblocking(False)
-                        if reply is None:
-                            return 0
-                except RemoteProtocolError as exc:
-                    print(f"emulator: bad control message: {exc}", file=sys.stderr)
-                    return 2
+                if service is not None and r == service.fileno():
+                    conn = _accept_group(service, realtime)
+                    if conn is None:
+                        return 0  # the controller went away
+                    conns[conn.sock.fileno()] = conn
+                elif r in conns:
+                    if not _serve(conns[r]):
+                        conns.pop(r).close()
+                        if service is None:
+                            return 0  # the one group (and its controller) is done
+                elif r in owner and owner[r].sock.fileno() in conns:
+                    _read_packets(owner[r].group, r, now)
     except _Stop:
         return 0
     finally:
-        ctl.close()
+        for conn in conns.values():
+            conn.close()
+        if service is not None:
+            service.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m testbed.links.emulator")
-    parser.add_argument("--control-fd", type=int, required=True)
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--control-fd", type=int, help="serve one group on this socket")
+    which.add_argument("--service-fd", type=int, help="accept groups on this socket")
     parser.add_argument("--spin-ms", type=float, default=_SPIN_MS)
     parser.add_argument("--rt-priority", type=int, default=10, help="SCHED_FIFO; 0 = off")
     args = parser.parse_args(argv)
-    return run_child(args.control_fd, spin_ms=args.spin_ms, rt_priority=args.rt_priority)
+    return run_child(args.control_fd, service_fd=args.service_fd, spin_ms=args.spin_ms,
+                     rt_priority=args.rt_priority)
 
 
 if __name__ == "__main__":

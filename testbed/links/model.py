@@ -11,91 +11,58 @@ Rules of the model (one `LinkQueue` per host per direction):
 - The queue drains only at delivery opportunities. Each opportunity carries up to 1500
   bytes of queued data: several small packets, or a slice of a large one (a packet leaves
   when its last byte has been carried). Bytes an opportunity cannot use are lost, as in
-  mm-link. An opportunity at time T serves only packets that arrived at or before T.
+  mm-link. An opportunity at time T serves only packets that arrived at or before T, and
+  is used once: a packet offered after it was visited (even at time T) waits for the next.
 - Opportunities come from a capacity trace (stamps in ms, wrapping with the last stamp as
   period, replay starting at `offset_ms`), or every 1500*8/rate_kbit ms for a fixed rate,
   or the link is unlimited (a packet is released the moment it arrives).
-- A released packet is lost with probability `loss_pct` (seeded RNG), otherwise it leaves
-  the link `delay_ms` after its release (constant delay keeps FIFO order).
+- A released packet is lost with probability `loss_pct`, or as a Gilbert-Elliott chain
+  says (``testbed.links.disciplines``; seeded RNG), otherwise it leaves the link
+  `delay_ms` after its release. With a delay trace the delay is the trace's value at the
+  release time (replay time + offset), and a packet never overtakes the one before it
+  (exit = max(release + delay, previous exit)): the path stays FIFO when the delay drops.
+- With CoDel (`codel`), the packet about to start leaving at an opportunity may be
+  dropped instead, by RFC 8289's rules on its sojourn time (arrival -> opportunity).
 - Times are model milliseconds (the emulator feeds `time.monotonic()` * 1000). Exit times
   are *ideal* times (release time + delay), not the time the caller happened to look, so
   wake-up lateness of one stage never accumulates into the next.
 - On a zero-capacity stretch of a trace (the AT&T uplink has stretches of many seconds)
   packets wait in the queue until the next opportunity, or are dropped once it is full.
 
-`EmulatorCore` joins the per-host links: a packet read from host A's TUN device crosses
-A's uplink, then the downlink of the host that owns its IPv4 destination address.
+Statistics since the last `restart` or `clear_window`: bytes released at opportunities,
+each released packet's queueing delay (sojourn, capped at :data:`MAX_SOJOURN_SAMPLES`) and
+the capacity the opportunities offered. An optional `LinkLog` (``testbed.links.linklog``)
+writes every event in Mahimahi's log format.
+
+`EmulatorCore` (``testbed.links.core``) joins the per-host links and injects faults.
 """
 
 from __future__ import annotations
 
-import bisect
 import math
 import random
+from array import array
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
+
+from testbed.links.disciplines import Codel, GilbertElliott
+from testbed.links.linklog import LinkLog
+from testbed.links.opportunities import (
+    DelaySteps,
+    Opportunities,
+    RateOpportunities,
+    TraceOpportunities,
+)
+
+__all__ = ["PACKET_BYTES", "DelaySteps", "DirectionCounters", "DirectionSpec", "LinkQueue",
+           "Opportunities", "RateOpportunities", "TraceOpportunities", "cross_queues", "direction_spec"]
 
 PACKET_BYTES = 1500
 """Bytes one delivery opportunity carries (mm-link's fixed packet size)."""
-
-
-class Opportunities(Protocol):
-    """Delivery opportunities, indexed k = 0, 1, 2, ... in time order from replay start."""
-
-    def time_of(self, k: int) -> float:
-        """Replay time (ms since the trace clock started) of opportunity k."""
-        ...
-
-    def first_at_or_after(self, t_ms: float) -> int:
-        """Index of the first opportunity at replay time >= t_ms."""
-        ...
-
-
-class TraceOpportunities:
-    """Opportunities of a Mahimahi trace, unrolled periodically and started at `offset_ms`."""
-
-    def __init__(self, stamps_ms: Sequence[int], period_ms: int, offset_ms: float = 0.0) -> None:
-        stamps = [int(s) for s in stamps_ms]
-        if not stamps or period_ms <= 0 or stamps[-1] != period_ms:
-            raise ValueError("stamps_ms: non-empty, sorted, last stamp = period_ms > 0")
-        if offset_ms < 0 or not math.isfinite(offset_ms):
-            raise ValueError(f"offset_ms: a finite number >= 0, got {offset_ms!r}")
-        self._stamps = stamps
-        self._n = len(stamps)
-        self._period = period_ms
-        self._offset = math.fmod(offset_ms, period_ms)
-
-    def time_of(self, k: int) -> float:
-        cycle, i = divmod(k, self._n)
-        return cycle * self._period + self._stamps[i] - self._offset
-
-    def first_at_or_after(self, t_ms: float) -> int:
-        trace_t = max(0.0, t_ms + self._offset)  # the trace unrolls from trace time 0
-        cycle = math.floor(trace_t / self._period)
-        # Stamps of cycle c lie in [c*period, (c+1)*period]: look in the previous cycle
-        # too, because its last stamp equals this cycle's start.
-        for c in (max(0, cycle - 1), cycle):
-            i = bisect.bisect_left(self._stamps, trace_t - c * self._period)
-            if i < self._n:
-                return c * self._n + i
-        return (cycle + 1) * self._n  # unreachable: stamps[-1] == period
-
-
-class RateOpportunities:
-    """One opportunity every 1500*8/rate_kbit ms, starting at replay time 0."""
-
-    def __init__(self, rate_kbit: float) -> None:
-        if not rate_kbit > 0:
-            raise ValueError(f"rate_kbit: a number > 0, got {rate_kbit!r}")
-        self.interval_ms = PACKET_BYTES * 8 / rate_kbit
-
-    def time_of(self, k: int) -> float:
-        return k * self.interval_ms
-
-    def first_at_or_after(self, t_ms: float) -> int:
-        return max(0, math.ceil(t_ms / self.interval_ms - 1e-9))
+MAX_SOJOURN_SAMPLES = 1 << 21
+"""Queueing-delay samples kept per direction per window (16 MiB); later ones are counted."""
 
 
 @dataclass
@@ -106,7 +73,7 @@ class DirectionCounters:
 
 
 class LinkQueue:
-    """One direction of one access link: drop-tail queue, opportunities, delay, loss."""
+    """One direction of one access link: queue, opportunities, delay, loss (module rules)."""
 
     def __init__(
         self,
@@ -118,6 +85,9 @@ class LinkQueue:
         queue_bytes: int | None = None,
         rng: random.Random | None = None,
         origin_ms: float = 0.0,
+        gilbert: GilbertElliott | None = None,
+        codel: Codel | None = None,
+        delays: DelaySteps | None = None,
     ) -> None:
         self.opportunities = opportunities
         self.delay_ms = delay_ms
@@ -126,33 +96,59 @@ class LinkQueue:
         self.queue_bytes = queue_bytes
         self.rng = rng or random.Random(0)
         self.origin_ms = origin_ms
+        self.gilbert = gilbert
+        self.codel = codel if opportunities is not None else None
+        self.delays = delays
+        self.log: LinkLog | None = None
         # queue items: [arrival_ms, size, item, bytes_left]
         self._queue: deque[list[Any]] = deque()
         self._queued_bytes = 0
         self._next_k = 0  # next unused opportunity; meaningful while the queue is non-empty
+        self._visited_k = 0  # opportunities before this one have been visited (used up)
         self._delay_line: deque[tuple[float, int, Any]] = deque()
+        self._last_exit_ms = -math.inf
         self.counters = DirectionCounters()
+        self.clear_window(origin_ms)
 
     # -- inputs
 
     def restart(self, origin_ms: float) -> None:
-        """Restart the trace clock: replay time 0 (= the offset in the trace) is origin_ms."""
+        """Restart the trace clock: replay time 0 (= the offset in the trace) is origin_ms;
+        the statistics window starts again there."""
         self.origin_ms = origin_ms
+        self._visited_k = 0
         if self._queue:
             self._next_k = self._first_k(max(origin_ms, self._queue[0][0]))
+        self.clear_window(origin_ms)
+
+    def clear_window(self, now_ms: float) -> None:
+        """Start a new statistics window at NOW_MS."""
+        self.window_start_ms = now_ms
+        self.window_bytes = 0
+        self.window_released = 0
+        self.sojourns_ms = array("d")
 
     def offer(self, item: Any, size: int, t_ms: float) -> bool:
         """A packet of SIZE bytes arrives at T_MS; False if the drop-tail queue refused it."""
+        log = self.log
+        if log is not None:
+            log.arrival(t_ms, size)
         if self.opportunities is None:
+            if log is not None:
+                log.departure(t_ms, size, 0.0)
+            self.window_bytes += size
+            self.window_released += 1
             self._release(item, size, t_ms)
             return True
         if (self.queue_packets is not None and len(self._queue) + 1 > self.queue_packets) or (
             self.queue_bytes is not None and self._queued_bytes + size > self.queue_bytes
         ):
             self.counters.drops += 1
+            if log is not None:
+                log.drop(t_ms, size)
             return False
-        if not self._queue:
-            self._next_k = self._first_k(t_ms)
+        if not self._queue:  # an opportunity visited already is gone, even at time t_ms
+            self._next_k = max(self._first_k(t_ms), self._visited_k)
         self._queue.append([t_ms, size, item, size])
         self._queued_bytes += size
         return True
@@ -193,6 +189,14 @@ class LinkQueue:
     def queued_bytes(self) -> int:
         return self._queued_bytes
 
+    def capacity_bytes(self, now_ms: float) -> int | None:
+        """Bytes the opportunities of the window (its start to NOW_MS) could carry."""
+        if self.opportunities is None:
+            return None
+        first = self._first_k(self.window_start_ms)
+        last = self._first_k(now_ms)
+        return max(0, last - first) * PACKET_BYTES
+
     # -- internals
 
     def _time(self, k: int) -> float:
@@ -205,6 +209,8 @@ class LinkQueue:
 
     def _drain(self, now_ms: float) -> None:
         queue = self._queue
+        codel = self.codel
+        log = self.log
         while queue:
             t_opp = self._time(self._next_k)
             if t_opp > now_ms:
@@ -212,23 +218,84 @@ class LinkQueue:
             if queue[0][0] > t_opp:  # head arrived after this opportunity: skip ahead
                 self._next_k = self._first_k(queue[0][0])
                 continue
+            if log is not None:
+                log.opportunity(t_opp)
             budget = PACKET_BYTES
             while budget > 0 and queue and queue[0][0] <= t_opp:
                 head = queue[0]
+                if codel is not None and head[3] == head[1] and self._codel_drops(t_opp):
+                    continue  # CoDel dropped the head; look at the next one
                 used = min(budget, head[3])
                 head[3] -= used
                 budget -= used
                 if head[3] == 0:
                     queue.popleft()
                     self._queued_bytes -= head[1]
+                    self.window_bytes += head[1]
+                    self.window_released += 1
+                    sojourn = t_opp - head[0]
+                    if len(self.sojourns_ms) < MAX_SOJOURN_SAMPLES:
+                        self.sojourns_ms.append(sojourn)
+                    if log is not None:
+                        log.departure(t_opp, head[1], sojourn)
                     self._release(head[2], head[1], t_opp)
             self._next_k += 1
+            self._visited_k = self._next_k
+
+    def _drop_head(self, now_ms: float) -> None:
+        head = self._queue.popleft()
+        self._queued_bytes -= head[1]
+        self.counters.drops += 1
+        if self.log is not None:
+            self.log.drop(now_ms, head[1])
+
+    def _codel_ok(self, now_ms: float) -> bool:
+        assert self.codel is not None
+        if not self._queue or self._queue[0][0] > now_ms:
+            self.codel.queue_empty()
+            return False
+        head = self._queue[0]
+        return self.codel.ok_to_drop(now_ms - head[0], now_ms, self._queued_bytes - head[1])
+
+    def _codel_drops(self, now_ms: float) -> bool:
+        """RFC 8289 ``dequeue`` at NOW_MS: drop heads as CoDel says; True if any went."""
+        codel = self.codel
+        assert codel is not None
+        ok = self._codel_ok(now_ms)
+        dropped = False
+        if codel.dropping:
+            if not ok:
+                codel.dropping = False
+            while codel.dropping and now_ms >= codel.drop_next_ms:
+                self._drop_head(now_ms)
+                dropped = True
+                codel.count += 1
+                if not self._codel_ok(now_ms):
+                    codel.dropping = False
+                else:
+                    codel.drop_next_ms = codel.control_law(codel.drop_next_ms)
+        elif ok:
+            self._drop_head(now_ms)
+            dropped = True
+            self._codel_ok(now_ms)  # RFC: dodequeue of the next packet
+            codel.enter_dropping(now_ms)
+        if dropped:
+            codel.drops += 1
+        return dropped
 
     def _release(self, item: Any, size: int, t_ms: float) -> None:
-        if self.loss_fraction > 0.0 and self.rng.random() < self.loss_fraction:
+        if (self.loss_fraction > 0.0 and self.rng.random() < self.loss_fraction) or (
+                self.gilbert is not None and self.gilbert.lose()):
             self.counters.drops += 1
+            if self.log is not None:
+                self.log.lost(t_ms, size)
             return
-        self._delay_line.append((t_ms + self.delay_ms, size, item))
+        if self.delays is None:
+            self._delay_line.append((t_ms + self.delay_ms, size, item))
+            return
+        exit_ms = max(t_ms + self.delays.at(t_ms - self.origin_ms), self._last_exit_ms)
+        self._last_exit_ms = exit_ms
+        self._delay_line.append((exit_ms, size, item))
 
 
 @dataclass(frozen=True)
@@ -244,6 +311,12 @@ class DirectionSpec:
     stamps_ms: tuple[int, ...] | None = field(default=None, repr=False)
     period_ms: int | None = None
     offset_ms: float = 0.0
+    gilbert: tuple[float, float, float, float] | None = None  # p, r, good %, bad %
+    queue_kind: str = "droptail"
+    codel_target_ms: float = 5.0
+    codel_interval_ms: float = 100.0
+    delay_trace_name: str | None = None
+    delay_steps: tuple[tuple[float, float], ...] | None = field(default=None, repr=False)
 
     def opportunities(self) -> Opportunities | None:
         if self.stamps_ms is not None and self.period_ms is not None:
@@ -252,107 +325,79 @@ class DirectionSpec:
             return RateOpportunities(self.rate_kbit)
         return None
 
-    def make_queue(self, rng: random.Random, origin_ms: float = 0.0) -> LinkQueue:
+    def make_queue(self, rng: random.Random, origin_ms: float = 0.0,
+                   opportunities: Opportunities | None = None) -> LinkQueue:
+        """A LinkQueue of this spec (OPPORTUNITIES: a shared, already built schedule)."""
+        gilbert = None if self.gilbert is None else GilbertElliott(*self.gilbert, rng=rng)
+        codel = (Codel(self.codel_target_ms, self.codel_interval_ms)
+                 if self.queue_kind == "codel" else None)
+        delays = (None if self.delay_steps is None
+                  else DelaySteps(self.delay_steps, self.offset_ms))
         return LinkQueue(
-            self.opportunities(),
+            opportunities if opportunities is not None else self.opportunities(),
             delay_ms=self.delay_ms,
             loss_pct=self.loss_pct,
             queue_packets=self.queue_packets,
             queue_bytes=self.queue_bytes,
             rng=rng,
             origin_ms=origin_ms,
+            gilbert=gilbert,
+            codel=codel,
+            delays=delays,
         )
 
 
 def direction_spec(link: Any, direction: str, *, offset_ms: float = 0.0) -> DirectionSpec:
-    """DirectionSpec of one direction ("up"/"down") of a profiles.LinkSpec."""
+    """DirectionSpec of one direction ("up"/"down") of a linkspec.LinkSpec.
+
+    OFFSET_MS is the cell's trace offset; the link's own ``trace_offset_s`` is added.
+    """
     if direction not in ("up", "down"):
         raise ValueError(f"direction: 'up' or 'down', got {direction!r}")
+    from testbed.links.traces import load_delay_trace, load_trace_ref
+
     trace_name = link.up_trace if direction == "up" else link.down_trace
     stamps: tuple[int, ...] | None = None
     period: int | None = None
     if trace_name is not None:
-        from testbed.links.traces import load_named
-
-        trace = load_named(trace_name)
+        trace = load_trace_ref(trace_name, "up" if direction == "up" else "down")
         stamps = tuple(int(s) for s in trace.stamps_ms.tolist())
         period = int(trace.period_ms)
+    steps = None
+    if link.delay_trace is not None:
+        steps = load_delay_trace(link.delay_trace).steps
+    g = link.gilbert
     return DirectionSpec(
         delay_ms=float(link.delay_ms),
         loss_pct=float(link.loss_pct),
         queue_packets=link.queue_packets,
         queue_bytes=link.queue_bytes,
-        rate_kbit=None if trace_name is not None else link.rate_kbit,
+        rate_kbit=None if trace_name is not None else link.rate_of(direction),
         trace_name=trace_name,
         stamps_ms=stamps,
         period_ms=period,
-        offset_ms=offset_ms,
+        offset_ms=offset_ms + float(link.trace_offset_s) * 1000.0,
+        gilbert=None if g is None else (g.p, g.r, g.loss_good_pct, g.loss_bad_pct),
+        queue_kind=link.queue_kind,
+        codel_target_ms=float(link.codel_target_ms),
+        codel_interval_ms=float(link.codel_interval_ms),
+        delay_trace_name=link.delay_trace,
+        delay_steps=steps,
     )
 
 
-@dataclass
-class HostLinks:
-    name: str
-    address: bytes  # 4-byte IPv4
-    up: LinkQueue
-    down: LinkQueue
-
-
-class EmulatorCore:
-    """Routes packets between hosts: sender's uplink, then the receiver's downlink."""
-
-    def __init__(self, hosts: Sequence[HostLinks]) -> None:
-        self.hosts = list(hosts)
-        self._by_address = {h.address: i for i, h in enumerate(self.hosts)}
-        self.unroutable = 0
-
-    def receive(self, src: int, packet: bytes, now_ms: float) -> None:
-        """A raw IP packet read from host SRC's TUN device at NOW_MS."""
-        if len(packet) < 20 or packet[0] >> 4 != 4:
-            self.unroutable += 1  # not IPv4 (e.g. IPv6 router solicitations): never forwarded
-            return
-        dst = self._by_address.get(packet[16:20])
-        if dst is None or dst == src:
-            self.unroutable += 1
-            return
-        self.hosts[src].up.offer((dst, packet), len(packet), now_ms)
-
-    def advance(self, now_ms: float) -> list[tuple[float, int, bytes]]:
-        """Move time to NOW_MS; returns (ideal exit ms, destination host, packet) to write."""
-        hosts = self.hosts
-        for h in hosts:
-            if not h.up.idle:
-                for exit_ms, (dst, packet) in h.up.advance(now_ms):
-                    hosts[dst].down.offer((dst, packet), len(packet), exit_ms)
-        out: list[tuple[float, int, bytes]] = []
-        for h in hosts:
-            if not h.down.idle:
-                out.extend((t, dst, pkt) for t, (dst, pkt) in h.down.advance(now_ms))
-        return out
-
-    def next_event_ms(self) -> float | None:
-        times = [
-            t
-            for h in self.hosts
-            for t in (h.up.next_event_ms(), h.down.next_event_ms())
-            if t is not None
-        ]
-        return min(times) if times else None
-
-    def restart(self, now_ms: float) -> None:
-        for h in self.hosts:
-            h.up.restart(now_ms)
-            h.down.restart(now_ms)
-
-    def counters(self) -> dict[str, dict[str, int]]:
-        return {
-            h.name: {
-                "up_packets": h.up.counters.packets,
-                "up_bytes": h.up.counters.bytes,
-                "up_drops": h.up.counters.drops,
-                "down_packets": h.down.counters.packets,
-                "down_bytes": h.down.counters.bytes,
-                "down_drops": h.down.counters.drops,
-            }
-            for h in self.hosts
-        }
+def cross_queues(queues: Sequence[LinkQueue], sizes: Sequence[int], t_ms: float) -> float:
+    """Offline replay: packets of SIZES offered at T_MS cross QUEUES in series; the time
+    the last one leaves the last queue (a prediction benchmarks compare against)."""
+    items = [(t_ms, i) for i in range(len(sizes))]
+    for q in queues:
+        for t, i in items:
+            q.offer(i, sizes[i], t)
+        out: list[tuple[float, Any]] = []
+        while len(out) < len(items):
+            nxt = q.next_event_ms()
+            if nxt is None:
+                break  # a packet was dropped: the model cannot say more
+            out.extend(q.advance(nxt))
+        items = list(out)
+    return max(t for t, _ in items) if items else t_ms

@@ -6,12 +6,18 @@ Rules:
   that bridges all pairs. The host end's egress is the host's uplink; the switch end's
   egress is the host's downlink. A->B traffic therefore crosses A's uplink then B's
   downlink, as in the userspace backend.
-- Each direction gets `netem` as the root qdisc (one-way `delay_ms`, `loss_pct`) and,
-  for rate-limited links, a `tbf` child whose rate follows the schedule. The drop-tail
-  bound is tbf's byte limit: `queue_bytes`, else `queue_packets` x 1500.
+- Each direction gets `netem` as the root qdisc (one-way `delay_ms`, `loss_pct` or a
+  Gilbert-Elliott `gemodel`) and, for rate-limited links, a `tbf` child whose rate
+  follows the schedule. The drop-tail bound is tbf's byte limit in frames
+  (``netem_plan.limit_frame_bytes``); a CoDel queue is a `codel` qdisc under tbf.
+- Each host's directions are planned from its own link (``NetworkProfile.link_of``). A
+  network netem cannot express is refused before this module is reached
+  (``testbed.links.netem_support``); packet logs (``start_log``) are userspace's only.
 - A capacity trace is compiled into one rate per fixed interval
   (``testbed.links.netem_plan``), and a trio task changes each tbf's rate at the
-  interval boundaries (pyroute2 calls run in a worker thread).
+  interval boundaries (pyroute2 calls run in a worker thread). A loop that falls
+  behind plays the step in force now and skips the ones past, so the replay keeps to
+  real time; ``statistics()`` reports how late the changes were and what was skipped.
 - Deviations from mm-link, documented in docs/links.md: the rate is averaged over an
   interval; the packet meets the delay before the rate limiter (netem is the parent);
   every rate change refills tbf's bucket (one burst passes).
@@ -38,19 +44,23 @@ from typing import Any, TypeVar
 
 import trio
 
+from testbed.errors import UserError
 from testbed.host.kernel import KernelError, kernel_call
 from testbed.host.ledger import Ledger, scratch_ledger
-from testbed.links.backend import LinkHost, ProbeResult
+from testbed.links import netem_loss
+from testbed.links.backend import FaultUnsupported, LinkHost, ProbeResult
+from testbed.links.linkspec import LinkSpec, NetworkProfile
 from testbed.links.netem_plan import (
     DEFAULT_INTERVAL_MS,
     ZERO_RATE_FLOOR_KBIT,
     DirectionPlan,
+    ReplayLateness,
     compile_schedule,
     plan_direction,
+    root_counters,
     tbf_params,
 )
-from testbed.links.profiles import LinkSpec, NetworkProfile
-from testbed.links.traces import Trace, load_named
+from testbed.links.traces import Trace, load_trace_ref
 
 NAME = "netem"
 PROBE_NAMES = ("veth", "netem", "tbf")
@@ -192,6 +202,7 @@ class NetemBackend:
         self._iprs: dict[str, Any] = {}
         self._created_switch = False
         self._replay_scope: trio.CancelScope | None = None
+        self._lateness = ReplayLateness()
         self._lock = threading.Lock()  # one netlink user at a time (rates vs counters)
 
     # -- build / teardown (blocking) --
@@ -211,9 +222,10 @@ class NetemBackend:
         if len(set(names)) != len(names):
             raise ValueError(f"hosts: names must be unique, got {names}")
         out: list[tuple[str, str, str, DirectionPlan]] = []
-        for i, host in enumerate(hosts):
-            out.append((host.name, "up", f"{self.prefix}u{i}", plan_direction(self.link, "up")))
-            out.append((host.name, "down", f"{self.prefix}d{i}", plan_direction(self.link, "down")))
+        for i, (host, link) in enumerate(zip(hosts, self.profile.links_of(names), strict=True)):
+            assert link is not None
+            out.append((host.name, "up", f"{self.prefix}u{i}", plan_direction(link, "up")))
+            out.append((host.name, "down", f"{self.prefix}d{i}", plan_direction(link, "down")))
         return out
 
     def build(self, hosts: Sequence[LinkHost]) -> None:
@@ -229,10 +241,13 @@ class NetemBackend:
     def _create(self, hosts: Sequence[LinkHost]) -> None:
         from pyroute2 import netns as pr_netns
 
+        from testbed.host import kernel
+
         if self.ledger is not None:
             self.ledger.record_netns(self.switch_ns)
         _kernel(f"create netns {self.switch_ns}", lambda: pr_netns.create(self.switch_ns))
         self._created_switch = True
+        kernel.disable_ipv6(self.switch_ns)  # before its bridge and veths exist
         sw = self._ipr(self.switch_ns)
         _kernel(f"add bridge {self.bridge}", lambda: sw.link("add", ifname=self.bridge, kind="bridge"))
         br_index = _kernel("lookup bridge", lambda: sw.link_lookup(ifname=self.bridge))[0]
@@ -282,6 +297,16 @@ class NetemBackend:
                     lambda: ipr.tc("add", "tbf", d.index, handle="10:0", parent="1:1",
                                    **tbf_params(rate, limit_bytes=d.plan.limit_bytes)))
             d.current_kbit = rate
+            self._install_leaf(ipr, d, where)
+
+    def _install_leaf(self, ipr: Any, d: _Direction, where: str) -> None:
+        """The queue under tbf when it is not tbf's own fifo (CoDel)."""
+        leaf = d.plan.leaf_params()
+        if leaf is not None:
+            kind, params = leaf
+            _kernel(f"add {kind} on {where}",
+                    lambda: ipr.tc("add", kind, d.index, handle="20:0", parent="10:1",
+                                   **params))
 
     def set_rates(self, changes: Sequence[tuple[int, float]]) -> None:
         """Apply (direction index, rate_kbit) changes; blocking netlink calls."""
@@ -289,12 +314,17 @@ class NetemBackend:
             self._set_rates(changes)
 
     def _set_rates(self, changes: Sequence[tuple[int, float]]) -> None:
+        from testbed.host.qdisc import QdiscChanges  # encoded once per rate (its doc)
+
         for i, rate_kbit in changes:
             d = self._directions[i]
-            ipr = self._ipr(d.netns)
+            tc = self._iprs.get(f"tc {d.netns}") or self._iprs.setdefault(
+                f"tc {d.netns}", QdiscChanges(d.netns))  # closed with the IPRoutes
             _kernel(f"change tbf on {d.ifname} in {d.netns}",
-                    partial(ipr.tc, "change", "tbf", d.index, handle="10:0", parent="1:1",
+                    partial(tc.change, "tbf", d.index, handle=0x100000, parent=0x10001,
                             **tbf_params(rate_kbit, limit_bytes=d.plan.limit_bytes)))
+            if (d.current_kbit or 0.0) <= ZERO_RATE_FLOOR_KBIT < rate_kbit:  # tbf sleeps on
+                _kernel(f"kick {d.ifname}", partial(tc.kick, d.ifname))  # its old timer
             d.current_kbit = rate_kbit
 
     @property
@@ -307,10 +337,24 @@ class NetemBackend:
         return counters
 
     async def statistics(self) -> dict[str, float]:
-        """The kernel keeps no lateness to report; nothing (rule 3 of links.backend)."""
-        return {}
+        """The replay's lateness since the last clear (``netem_plan.ReplayLateness``)."""
+        await trio.lowlevel.checkpoint()
+        return self._lateness.snapshot()
+
+    async def fault(self, host: str, kind: str, *, seconds: float, rate: float = 1.0
+                    ) -> dict[str, int]:
+        raise FaultUnsupported(f"fault {kind!r}: the netem backend injects no faults; "
+                               "use --backend userspace")
 
     async def clear_statistics(self) -> None:
+        self._lateness.clear()
+        await trio.lowlevel.checkpoint()
+
+    async def start_log(self, directory: str, label: str) -> None:
+        raise UserError("options.link_log: the netem backend keeps no packet log; use "
+                        "backend userspace")
+
+    async def stop_log(self) -> None:
         await trio.lowlevel.checkpoint()
 
     def read_counters(self) -> dict[str, dict[str, int]]:
@@ -322,16 +366,10 @@ class NetemBackend:
         out: dict[str, dict[str, int]] = {}
         for d in self._directions:
             ipr = self._ipr(d.netns)
-            link = _kernel(f"stats of {d.ifname}", partial(ipr.get_links, d.index))[0]
-            stats = link.get_attr("IFLA_STATS64") or {}
-            drops = 0
-            for q in _kernel(f"qdiscs of {d.ifname}", partial(ipr.get_qdiscs, index=d.index)):
-                qstats = q.get_attr("TCA_STATS") or {}
-                drops += int(qstats.get("drop", 0))
+            qdiscs = _kernel(f"qdiscs of {d.ifname}", partial(ipr.get_qdiscs, index=d.index))
             row = out.setdefault(d.host, {})
-            row[f"{d.side}_packets"] = int(stats.get("tx_packets", 0))
-            row[f"{d.side}_bytes"] = int(stats.get("tx_bytes", 0))
-            row[f"{d.side}_drops"] = drops
+            for key, value in root_counters(qdiscs).items():
+                row[f"{d.side}_{key}"] = value
         return out
 
     def teardown(self) -> None:
@@ -356,7 +394,8 @@ class NetemBackend:
     # -- schedule (trio) --
 
     def _traces(self) -> list[Trace | None]:
-        return [None if d.plan.trace is None else load_named(d.plan.trace) for d in self._directions]
+        return [None if d.plan.trace is None else load_trace_ref(d.plan.trace, "up" if
+                d.side == "up" else "down") for d in self._directions]
 
     async def run_schedule(self, *, chunk_ms: float = 10_000.0) -> None:
         """Replay every traced direction's schedule until cancelled; restartable.
@@ -388,6 +427,8 @@ class NetemBackend:
         return now
 
     async def _replay(self, chunk_ms: float) -> None:
+        from testbed.links.netem_replay import play_steps  # catches up when late
+
         traces = self._traces()
         if all(t is None for t in traces):
             await trio.sleep_forever()
@@ -396,23 +437,15 @@ class NetemBackend:
             chunk_start = chunk * chunk_ms
             per_direction = [
                 None if t is None else compile_schedule(
-                    t, offset_ms=self.trace_offset_ms, start_ms=chunk_start,
+                    t, offset_ms=self.trace_offset_ms + d.plan.offset_ms, start_ms=chunk_start,
                     interval_ms=self.interval_ms, duration_ms=chunk_ms)
-                for t in traces
+                for t, d in zip(traces, self._directions, strict=True)
             ]
             n_steps = max(len(s) for s in per_direction if s is not None)
-            for k in range(n_steps):
-                changes: list[tuple[int, float]] = []
-                t_ms = chunk_start + k * self.interval_ms
-                for i, steps in enumerate(per_direction):
-                    if steps is None or k >= len(steps):
-                        continue
-                    rate = steps[k].rate_kbit
-                    if self._directions[i].current_kbit != rate:
-                        changes.append((i, rate))
-                await trio.sleep_until(start + t_ms / 1000.0)
-                if changes:
-                    await self._apply_changes(changes)
+            await play_steps(per_direction, n_steps, start + chunk_start / 1000.0,
+                             interval_ms=self.interval_ms, apply=self._apply_changes,
+                             rates=lambda: [d.current_kbit for d in self._directions],
+                             lateness=self._lateness)
 
     async def _apply_changes(self, changes: list[tuple[int, float]]) -> None:
         await trio.to_thread.run_sync(self.set_rates, changes)
@@ -428,23 +461,29 @@ async def open_netem_links(
     trace_offset_s: float = 0.0,
     seed: int = 0,
     interval_ms: float = DEFAULT_INTERVAL_MS,
+    shared_emulator: bool = False,
 ) -> AsyncIterator[NetemBackend]:
     """Build the netem links for `hosts`, replay the schedule while open, tear down on exit.
 
     Fails fast (KernelError with the errno) when the kernel lacks netem or tbf; it never
-    yields an unshaped link. (``seed`` is accepted for the common interface: the
-    kernel's loss draws are its own.)
+    yields an unshaped link. (``seed`` and ``shared_emulator`` are accepted for the
+    common interface: the kernel's loss draws are its own, and there is no emulator.)
     """
+    netem_loss.install()  # gemodel loss over netlink (pyroute2 lacks TCA_NETEM_LOSS)
     backend = NetemBackend(profile, prefix=prefix, ledger=ledger,
                            trace_offset_ms=trace_offset_s * 1000.0, interval_ms=interval_ms)
     try:
         await trio.to_thread.run_sync(backend.build, hosts)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(backend.run_schedule)
-            try:
-                yield backend
-            finally:
-                nursery.cancel_scope.cancel()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(backend.run_schedule)
+                try:
+                    yield backend
+                finally:
+                    nursery.cancel_scope.cancel()
+        except BaseExceptionGroup as group:  # the body's error as itself, as userspace's
+            raise (group.exceptions[0] if len(group.exceptions) == 1 else group) from None
     finally:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(backend.teardown)
+

@@ -11,14 +11,28 @@ Rules of the format (as mm-link reads it):
 
 Replay may start anywhere in the trace (the *offset*); times returned by
 `Trace.opportunities` are measured from the replay start, not from the trace start.
-Only this module knows the format; everything else works with `Trace` objects.
+
+A *trace reference* (what a network definition writes as ``up_trace``) is either the
+name of a shipped trace (``ATT-LTE-driving.up``, looked up in :func:`trace_dir`) or an
+absolute path to a file of the user's own; :func:`load_trace_ref` loads either, and
+:func:`file_digest` gives the size and SHA-256 a run's manifest records.
+
+Delay traces (``delay_trace``; a format of this testbed, Mahimahi has none) hold one
+``<ms> <delay_ms>`` pair per line, ``#`` starting a comment: from replay time ``ms``
+on, each crossing of the link takes ``delay_ms`` (a step function). The first pair is
+at 0 ms, times increase, and the last delay holds after the last pair.
+
+Only this module knows the formats; everything else works with `Trace` and
+`DelayTrace` objects.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 import os
+from bisect import bisect_right
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -29,14 +43,20 @@ import numpy.typing as npt
 from testbed.errors import UserError
 
 __all__ = [
+    "MAX_DELAY_MS",
     "MTU_BYTES",
     "TRACE_DIR",
+    "DelayTrace",
     "Direction",
     "Trace",
     "TraceError",
+    "file_digest",
     "kbit_per_opportunity_ms",
+    "load_delay_trace",
     "load_named",
     "load_trace",
+    "load_trace_ref",
+    "resolve_trace_ref",
     "trace_catalogue",
     "trace_dir",
 ]
@@ -51,6 +71,9 @@ _BITS_PER_OPPORTUNITY = MTU_BYTES * 8
 
 TRACE_ENV = "TESTBED_TRACE_DIR"
 _SUFFIXES: dict[str, Direction] = {".up": "up", ".down": "down"}
+
+MAX_DELAY_MS = 10_000.0
+"""Largest one-way delay per crossing a link (or a delay trace) may ask for."""
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -257,3 +280,119 @@ def _load_cached(folder: str, name: str) -> Trace:
         allowed = ", ".join(catalogue) or "(none found)"
         raise TraceError(f"trace: unknown name {name!r} in {folder}; allowed: {allowed}")
     return load_trace(path)
+
+
+# ---------------------------------------------------------------- trace references
+
+
+def resolve_trace_ref(ref: str) -> Path:
+    """The file a trace reference names: an absolute path as is, else a shipped name."""
+    path = Path(ref)
+    if path.is_absolute():
+        if not path.is_file():
+            raise TraceError(f"trace: {ref} does not exist (or is not a file)")
+        return path
+    catalogue = trace_catalogue()
+    found = catalogue.get(ref)
+    if found is None:
+        allowed = ", ".join(catalogue) or "(none found)"
+        raise TraceError(f"trace: unknown name {ref!r} in {trace_dir()}; allowed: {allowed}")
+    return found
+
+
+def load_trace_ref(ref: str, direction: Direction) -> Trace:
+    """Load a trace reference (see the module rules) as one direction of a link.
+
+    Shipped names go through :func:`load_named`; files are cached by path, size and
+    modification time, so an edited file is read again.
+    """
+    if not Path(ref).is_absolute():
+        trace = load_named(ref)
+        if trace.direction != direction:
+            return Trace(name=trace.name, direction=direction, stamps_ms=trace.stamps_ms,
+                         period_ms=trace.period_ms)
+        return trace
+    path = resolve_trace_ref(ref)
+    stat = path.stat()
+    return _load_file_cached(str(path), direction, stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=32)
+def _load_file_cached(path: str, direction: Direction, size: int, mtime_ns: int) -> Trace:
+    return load_trace(path, direction=direction)
+
+
+def file_digest(path: Path | str) -> tuple[int, str]:
+    """(size in bytes, SHA-256 hex) of a file, for provenance and --resume checks."""
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
+
+
+# ---------------------------------------------------------------- delay traces
+
+
+@dataclass(frozen=True)
+class DelayTrace:
+    """A step function of one-way delay: ``steps[i] = (from_ms, delay_ms)``, sorted."""
+
+    name: str
+    steps: tuple[tuple[float, float], ...]
+
+    def __post_init__(self) -> None:
+        if not self.steps or self.steps[0][0] != 0:
+            raise TraceError(f"delay trace {self.name}: the first step must be at 0 ms")
+
+    def delay_at(self, t_ms: float) -> float:
+        """One-way delay at trace time T_MS (the last step holds forever)."""
+        times = [t for t, _ in self.steps]
+        index = max(0, bisect_right(times, t_ms) - 1)
+        return self.steps[index][1]
+
+    @property
+    def min_ms(self) -> float:
+        return min(d for _, d in self.steps)
+
+    @property
+    def max_ms(self) -> float:
+        return max(d for _, d in self.steps)
+
+
+def load_delay_trace(path: Path | str) -> DelayTrace:
+    """Read a delay trace file (module rules); errors name the file and line."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="ascii")
+    except UnicodeDecodeError as exc:
+        raise TraceError(f"{path}: not a text delay trace ({exc.reason})") from None
+    steps: list[tuple[float, float]] = []
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.split()
+        try:
+            if len(parts) != 2:
+                raise ValueError
+            t_ms, delay_ms = float(parts[0]), float(parts[1])
+        except ValueError:
+            raise TraceError(f"{path}:{lineno}: expected '<ms> <delay_ms>', got "
+                             f"{line[:40]!r}") from None
+        if not (math.isfinite(t_ms) and t_ms >= 0):
+            raise TraceError(f"{path}:{lineno}: time {parts[0]} is not a number >= 0")
+        if not (math.isfinite(delay_ms) and 0 <= delay_ms <= MAX_DELAY_MS):
+            raise TraceError(f"{path}:{lineno}: delay {parts[1]} is not allowed; allowed: "
+                             f"0..{MAX_DELAY_MS:g} ms")
+        if steps and t_ms <= steps[-1][0]:
+            raise TraceError(f"{path}:{lineno}: time {parts[0]} is not after the previous "
+                             f"{steps[-1][0]:g} (times must increase)")
+        if not steps and t_ms != 0:
+            raise TraceError(f"{path}:{lineno}: the first step must be at 0 ms, got {parts[0]}")
+        steps.append((t_ms, delay_ms))
+    if not steps:
+        raise TraceError(f"{path}: delay trace is empty (no '<ms> <delay_ms>' line)")
+    return DelayTrace(name=path.name, steps=tuple(steps))

@@ -7,10 +7,16 @@ Rules:
   with 198.18.0.0/15 routed through it, so no traffic can leave for anywhere else.
 - The emulator (``python -m testbed.links.emulator``) inherits every TUN fd and runs
   the link model (``testbed.links.model``) in a select() loop; its pid is recorded in
-  the ledger as soon as it starts. It is a process, not a thread of the controller, so
+  the ledger as soon as it starts. With ``shared_emulator`` the topology's hosts are a
+  group of the process's shared emulator instead (``testbed.links.shared_emulator``:
+  one real-time loop for every lane), which gets the TUN fds over SCM_RIGHTS. It is a process, not a thread of the controller, so
   the controller's GIL never delays a packet (docs/emulator.md).
 - The devices are non-persistent: they vanish when the last fd closes, which happens
   after the emulator has stopped.
+- Every host gets its own link from the profile (``NetworkProfile.link_of``); hosts
+  with equal links share one direction spec, which travels to the emulator once.
+- ``start_log(directory, label)`` makes the emulator write each host's two directions
+  as Mahimahi-format packet logs (``testbed.links.linklog``) until ``stop_log()``.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -30,9 +36,15 @@ from testbed.errors import RunFailure
 from testbed.host import kernel
 from testbed.host.ledger import Ledger, scratch_ledger
 from testbed.links.backend import LinkHost, ProbeResult
-from testbed.links.emulator import decode_message, encode_message, new_decoder, spec_to_wire
+from testbed.links.emulator_group import (
+    decode_message,
+    encode_message,
+    new_decoder,
+    spec_to_wire,
+)
+from testbed.links.linkspec import LinkSpec, NetworkProfile
 from testbed.links.model import DirectionSpec, direction_spec
-from testbed.links.profiles import NetworkProfile
+from testbed.links.shared_emulator import SharedEmulator
 
 NAME = "userspace"
 PROBE_NAMES = ("tun",)
@@ -55,10 +67,21 @@ def tun_name(prefix: str, index: int) -> str:
     return f"{prefix}t{index}"
 
 
+class _Process(Protocol):
+    """What a handle needs of the emulator process: a private one (trio.Process) or the
+    process's shared one (``SharedEmulator``)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+
 class EmulatorHandle:
     """The controller's side of the emulator: one request at a time."""
 
-    def __init__(self, sock: trio.socket.SocketType, process: trio.Process) -> None:
+    def __init__(self, sock: trio.socket.SocketType, process: _Process) -> None:
         self._sock = sock
         self.process = process
         self._lock = trio.Lock()
@@ -93,19 +116,44 @@ class EmulatorHandle:
         reply = await self.request({"op": "counters"})
         return {str(k): dict(v) for k, v in reply["counters"].items()}
 
+    async def fault(self, host: str, kind: str, *, seconds: float, rate: float = 1.0
+                    ) -> dict[str, int]:
+        """Start fault KIND (testbed.links.core.FAULT_KINDS) on HOST's packets."""
+        reply = await self.request({"op": "fault", "host": host, "kind": kind,
+                                    "seconds": seconds, "rate": rate})
+        return {str(k): int(v) for k, v in reply["faulted"].items()}
+
     async def statistics(self) -> dict[str, float]:
-        """Emulator health: unroutable packets, failed writes, write lateness percentiles."""
+        """Emulator health (unroutable packets, failed writes, write lateness percentiles
+        and maximum) and, per direction over every host, what the links did since the
+        window started: ``{up,down}_qdelay_p50_ms`` / ``_p95_ms`` / ``_max_ms``,
+        ``_utilisation`` (bytes carried / capacity offered), ``_bytes`` (NaN where a
+        figure does not apply, e.g. the utilisation of an unlimited link)."""
         reply = await self.request({"op": "counters"})
+        window = (await self.request({"op": "window"}))["window"]
         hist = [int(x) for x in reply["lateness"]]
         bin_ms = int(reply["lateness_bin_us"]) / 1000.0
-        return {
+        out: dict[str, float] = {
             "unroutable": int(reply["unroutable"]),
             "write_errors": int(reply["write_errors"]),
             "written": sum(hist),
             "realtime": float(bool(reply["realtime"])),
             "late_p50_ms": hist_quantile(hist, 0.5) * bin_ms,
             "late_p99_ms": hist_quantile(hist, 0.99) * bin_ms,
+            "late_max_ms": int(reply["late_max_us"]) / 1000.0,
         }
+        for side in ("up", "down"):
+            for key in ("qdelay_p50_ms", "qdelay_p95_ms", "qdelay_max_ms", "utilisation",
+                        "bytes", "capacity_bytes"):
+                value = window[side].get(key)
+                out[f"{side}_{key}"] = float("nan") if value is None else float(value)
+        return out
+
+    async def start_log(self, directory: str, label: str) -> None:
+        await self.request({"op": "log_start", "dir": directory, "label": label})
+
+    async def stop_log(self) -> None:
+        await self.request({"op": "log_stop"})
 
 
 def hist_quantile(hist: Sequence[int], q: float) -> float:
@@ -124,12 +172,19 @@ def hist_quantile(hist: Sequence[int], q: float) -> float:
 @asynccontextmanager
 async def open_emulator(hosts: Sequence[EmulatedHost], *, seed: int = 0,
                         on_start: Callable[[int], None] | None = None,
-                        ) -> AsyncIterator[EmulatorHandle]:
-    """Start the emulator process with the hosts' TUN fds, configure it, stop it on exit.
+                        shared: bool = False) -> AsyncIterator[EmulatorHandle]:
+    """An emulator running the hosts' links: a process of its own (started with their TUN
+    fds, stopped on exit), or with ``shared`` a group in this process's shared emulator
+    (``testbed.links.shared_emulator``). Configured before it is yielded.
 
-    ON_START(pid) is called right after the process starts (the backend records it in
-    its ledger, so `testbed clean` can stop it after a crash).
+    ON_START(pid) is called right after a private process starts (the backend records it
+    in its ledger, so `testbed clean` can stop it after a crash).
     """
+    if shared:
+        async with _open_group(hosts) as handle:
+            await _configure(handle, hosts, seed)
+            yield handle
+        return
     parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     fds = [h.tun_fd for h in hosts]
     try:
@@ -144,21 +199,7 @@ async def open_emulator(hosts: Sequence[EmulatedHost], *, seed: int = 0,
     try:
         if on_start is not None:
             on_start(process.pid)
-        specs: list[DirectionSpec] = []
-        for h in hosts:
-            for spec in (h.up, h.down):
-                if not any(spec is known for known in specs):
-                    specs.append(spec)
-
-        def index(spec: DirectionSpec) -> int:
-            return next(i for i, known in enumerate(specs) if known is spec)
-
-        await handle.request({
-            "op": "configure", "seed": seed,
-            "specs": [spec_to_wire(spec) for spec in specs],
-            "hosts": [{"name": h.name, "address": h.address, "fd": h.tun_fd,
-                       "up": index(h.up), "down": index(h.down)} for h in hosts],
-        })
+        await _configure(handle, hosts, seed)
         yield handle
     finally:
         with trio.CancelScope(shield=True):
@@ -170,6 +211,43 @@ async def open_emulator(hosts: Sequence[EmulatedHost], *, seed: int = 0,
                 process.kill()
                 await process.wait()
             parent_sock.close()
+
+
+@asynccontextmanager
+async def _open_group(hosts: Sequence[EmulatedHost]) -> AsyncIterator[EmulatorHandle]:
+    service = await trio.to_thread.run_sync(SharedEmulator.acquire)
+    try:
+        sock = await trio.to_thread.run_sync(service.attach, [h.tun_fd for h in hosts])
+        handle = EmulatorHandle(trio.socket.from_stdlib_socket(sock), service)
+        try:
+            yield handle
+        finally:
+            with trio.CancelScope(shield=True):
+                with contextlib.suppress(EmulatorError, OSError), trio.move_on_after(2):
+                    await handle.request({"op": "stop"})  # ends the group, not the process
+                sock.close()
+    finally:
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(service.release)
+
+
+async def _configure(handle: EmulatorHandle, hosts: Sequence[EmulatedHost],
+                     seed: int) -> None:
+    specs: list[DirectionSpec] = []
+    for h in hosts:
+        for spec in (h.up, h.down):
+            if not any(spec is known for known in specs):
+                specs.append(spec)
+
+    def index(spec: DirectionSpec) -> int:
+        return next(i for i, known in enumerate(specs) if known is spec)
+
+    await handle.request({
+        "op": "configure", "seed": seed,
+        "specs": [spec_to_wire(spec) for spec in specs],
+        "hosts": [{"name": h.name, "address": h.address, "fd": h.tun_fd,
+                   "up": index(h.up), "down": index(h.down)} for h in hosts],
+    })
 
 
 class UserspaceLinks:
@@ -194,6 +272,16 @@ class UserspaceLinks:
     async def clear_statistics(self) -> None:
         await self.emulator.clear_lateness()
 
+    async def start_log(self, directory: str, label: str) -> None:
+        await self.emulator.start_log(directory, label)
+
+    async def stop_log(self) -> None:
+        await self.emulator.stop_log()
+
+    async def fault(self, host: str, kind: str, *, seconds: float, rate: float = 1.0
+                    ) -> dict[str, int]:
+        return await self.emulator.fault(host, kind, seconds=seconds, rate=rate)
+
 
 def _setup_tun(ledger: Ledger, host: LinkHost, ifname: str) -> int:
     ledger.record_link(ifname, host.netns)
@@ -210,23 +298,31 @@ def _setup_tun(ledger: Ledger, host: LinkHost, ifname: str) -> int:
 @asynccontextmanager
 async def open_userspace_links(profile: NetworkProfile, hosts: Sequence[LinkHost], *,
                                prefix: str, ledger: Ledger, trace_offset_s: float = 0.0,
-                               seed: int = 0) -> AsyncIterator[UserspaceLinks]:
-    """TUN devices for ``hosts`` and an emulator running ``profile``'s links."""
-    link = profile.link
-    if link is None:
+                               seed: int = 0, shared_emulator: bool = False,
+                               ) -> AsyncIterator[UserspaceLinks]:
+    """TUN devices for ``hosts`` and an emulator running ``profile``'s links (with
+    ``shared_emulator``, a group of this process's shared emulator)."""
+    if profile.link is None:
         raise ValueError(f"profile {profile.name!r} has no link to emulate")
     offset_ms = trace_offset_s * 1000.0
-    up = direction_spec(link, "up", offset_ms=offset_ms)
-    down = direction_spec(link, "down", offset_ms=offset_ms)
+    specs: dict[tuple[LinkSpec, str], DirectionSpec] = {}
+
+    def spec(link: LinkSpec | None, side: str) -> DirectionSpec:
+        assert link is not None
+        if (link, side) not in specs:
+            specs[(link, side)] = direction_spec(link, side, offset_ms=offset_ms)
+        return specs[(link, side)]
+
+    links = profile.links_of([h.name for h in hosts])
     fds: list[int] = []
     try:
         for i, host in enumerate(hosts):
             fds.append(await trio.to_thread.run_sync(
                 _setup_tun, ledger, host, tun_name(prefix, i)))
-        emulated = [EmulatedHost(h.name, h.address, fd, up, down)
-                    for h, fd in zip(hosts, fds, strict=True)]
-        async with open_emulator(emulated, seed=seed,
-                                 on_start=ledger.record_process) as emulator:
+        emulated = [EmulatedHost(h.name, h.address, fd, spec(link, "up"), spec(link, "down"))
+                    for h, fd, link in zip(hosts, fds, links, strict=True)]
+        async with open_emulator(emulated, seed=seed, on_start=ledger.record_process,
+                                 shared=shared_emulator) as emulator:
             yield UserspaceLinks(emulator)
     finally:
         for fd in fds:

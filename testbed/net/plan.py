@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from testbed.errors import UserError
 from testbed.host.ledger import check_prefix, new_prefix
 from testbed.links.backend import NO_BACKEND
-from testbed.links.profiles import NetworkProfile
+from testbed.links.linkspec import CENTRAL_HOST, NetworkProfile
 
-CENTRAL = "central"
+CENTRAL = CENTRAL_HOST
 SHAPING_BACKENDS = ("userspace", "netem")
 _BASE = ipaddress.IPv4Address("198.18.0.0")
 _NAME = re.compile(r"^[A-Za-z0-9_]{1,32}$")

@@ -33,7 +33,7 @@ from testbed.host.ledger import Ledger, allow_congestion_control
 from testbed.host.userns import privilege
 from testbed.links.backend import NO_BACKEND, LinkBackend, LinkHost
 from testbed.links.backends import open_links, resolve_backend
-from testbed.links.profiles import NetworkProfile
+from testbed.links.linkspec import LinkSpec, NetworkProfile
 from testbed.net.plan import Host, TopologyError, TopologyPlan, plan_topology
 from testbed.net.signals import cancel_on_sigterm
 
@@ -92,6 +92,15 @@ class Topology:
         if self.links is not None:
             await self.links.clear_statistics()
 
+    async def start_link_log(self, directory: str, label: str) -> None:
+        """Per-host, per-direction packet logs (Mahimahi format) into DIRECTORY."""
+        if self.links is not None:
+            await self.links.start_log(directory, label)
+
+    async def stop_link_log(self) -> None:
+        if self.links is not None:
+            await self.links.stop_log()
+
     def describe(self) -> dict[str, Any]:
         """Provenance for the manifest."""
         profile = self.plan.profile
@@ -112,9 +121,20 @@ class Topology:
             "privilege": self.privilege,
             "congestion_control_set_by": "socket" if self.socket_congestion_control
             else "namespace",
-            "hosts": {h.name: {"netns": h.netns, "address": h.address}
-                      for h in self.hosts.values()},
+            "hosts": {h.name: {"netns": h.netns, "address": h.address,
+                               **_link_summary(profile.link_of(h.name, i))}
+                      for i, h in enumerate(self.hosts.values())},
         }
+
+
+def _link_summary(link: LinkSpec | None) -> dict[str, Any]:
+    """What a host's own link is, for the manifest (the full definition is under the
+    manifest's ``networks``)."""
+    if link is None:
+        return {}
+    return {"up_trace": link.up_trace, "down_trace": link.down_trace,
+            "up_rate_kbit": link.rate_of("up"), "down_rate_kbit": link.rate_of("down"),
+            "delay_ms": link.delay_ms, "delay_trace": link.delay_trace}
 
 
 def _check_root(backend: str) -> None:
@@ -133,6 +153,7 @@ def _setup_namespace(ledger: Ledger, host: Host, cc: str | None) -> None:
     if cc is not None:
         kernel.set_sysctl(host.netns, "net.ipv4.tcp_congestion_control", cc)
     kernel.set_sysctl(host.netns, "net.ipv4.tcp_no_metrics_save", "1")
+    kernel.disable_ipv6(host.netns)
 
 
 @asynccontextmanager
@@ -145,13 +166,18 @@ async def open_topology(
     trace_offset_s: float = 0.0,
     backend: str = "auto",
     seed: int = 0,
+    packet_log: bool = False,
+    shared_emulator: bool = False,
 ) -> AsyncIterator[Topology]:
     """Build the topology, yield it, and remove everything it created on the way out.
 
     ``backend`` is what was asked for (``auto``, ``userspace``, ``netem``); an unshaped
-    profile runs with none whatever was asked.
+    profile runs with none whatever was asked. ``packet_log``: the caller will ask for
+    packet logs (``start_link_log``), so the backend must be able to write them.
+    ``shared_emulator``: the userspace backend runs these hosts as a group of this
+    process's one emulator (lanes; testbed.links.shared_emulator).
     """
-    chosen = resolve_backend(profile, backend)
+    chosen = resolve_backend(profile, backend, packet_log=packet_log)
     plan = plan_topology(profile, agents, central=central, prefix=prefix,
                          trace_offset_s=trace_offset_s, backend=chosen)
     hosts = {h.name: h for h in plan.hosts}
@@ -174,7 +200,8 @@ async def open_topology(
                 link_hosts = [LinkHost(h.name, str(h.netns), h.address) for h in plan.hosts]
                 async with open_links(plan.backend, profile, link_hosts, prefix=plan.prefix,
                                       ledger=ledger, trace_offset_s=plan.trace_offset_s,
-                                      seed=seed) as links:
+                                      seed=seed, packet_log=packet_log,
+                                      shared_emulator=shared_emulator) as links:
                     yield Topology(plan, hosts, links, mode)
         finally:
             with trio.CancelScope(shield=True):

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from testbed.report.figures import build_figures
+from testbed.report.link_figures import link_figures, link_health_lines
 from testbed.report.load import load_run
 from testbed.report.render import ReportInputs, render_html, render_markdown
 from testbed.report.stats import DEFAULT_DRAWS
@@ -30,12 +31,14 @@ def build_report(
     draws: int = DEFAULT_DRAWS,
     seed: int = 0,
     console: Printer | None = None,
+    episode: str | None = None,
 ) -> dict[str, Any]:
     """Write the report of the campaign in ``run_dir``; returns what was written.
 
     Keys of the result: ``campaign``, ``tables`` (names), ``table_files``, ``figures``
     (PNG and SVG paths), ``figure_data`` (CSV behind figures), ``report_md``,
-    ``report_html``, ``notes`` (parts skipped and why).
+    ``report_html``, ``notes`` (parts skipped and why). ``episode``: the episode whose
+    link plots to draw (default: the first with a link log of each network).
     """
     if draws < 1:
         raise ValueError(f"draws: must be >= 1, got {draws}")
@@ -54,13 +57,15 @@ def build_report(
     say(f"report: {len(tables)} tables -> {run_dir / 'tables'}")
     if trial_kind(run) == "episodes":
         written, notes = build_figures(run, run_dir / "figures")
+        link_paths, link_notes = link_figures(run, run_dir / "figures", episode=episode)
+        written, notes = written + link_paths, notes + link_notes
     else:  # single-action trials: their table is the result
         written, notes = [], [f"{trial_kind(run)} trials: no figures (the table is the result)"]
     figure_paths = [p for p in written if p.suffix in (".png", ".svg")]
     figure_data = [p for p in written if p not in figure_paths]
     say(f"report: {len(figure_paths)} figure files -> {run_dir / 'figures'}")
     pngs = [p for p in figure_paths if p.suffix == ".png"]
-    inputs = ReportInputs(run, tables, pngs, notes, draws, seed)
+    inputs = ReportInputs(run, tables, pngs, notes, draws, seed, link_health_lines(run))
     report_md = run_dir / "report.md"
     report_html = run_dir / "report.html"
     report_md.write_text(render_markdown(inputs, run_dir))

@@ -251,13 +251,17 @@ def rho_figure(run: Run, directory: Path) -> list[Path]:
 
 
 def trace_specs(run: Run) -> dict[str, dict[str, Any]]:
-    """Per network: trace names (up, down), offsets (s) and replayed duration (s).
+    """Per network: the traces it replayed, offsets (s) and replayed duration (s).
 
-    Trace names come from the manifest when it lists them (any string under a key
-    containing "trace" in a ``groups`` or ``topologies`` entry of that network), otherwise
-    from the profile catalogue in ``testbed.links.profiles``. Networks without traces are
-    left out.
+    The traces are the files the manifest's ``networks`` section recorded (path, the
+    direction it was replayed as, the link's own offset, the host that had it), so the
+    figure shows what ran, also for a user's own files. Older manifests name traces
+    under keys containing "trace" in ``groups`` or ``topologies`` entries; without
+    either, the built-in catalogue (``testbed.links.profiles``) is used. Networks without
+    traces are left out. Each trace entry: ``ref`` (name or path), ``label``,
+    ``direction``, ``path`` (None for a catalogue name), ``offset_s`` (the link's own).
     """
+    recorded = _manifest_files(run.manifest)
     listed = _manifest_traces(run.manifest)
     catalogue: dict[str, tuple[str, str]] = {}
     try:
@@ -268,17 +272,47 @@ def trace_specs(run: Run) -> dict[str, dict[str, Any]]:
         catalogue = {}
     specs: dict[str, dict[str, Any]] = {}
     for net in slicing.networks(run.episodes):
-        names = listed.get(net) or list(catalogue.get(net, ()))
-        if not names:
+        traces = recorded.get(net) or [
+            {"ref": n, "label": n, "direction": "down" if n.endswith(".down") else "up",
+             "path": None, "offset_s": 0.0}
+            for n in (listed.get(net) or list(catalogue.get(net, ())))]
+        if not traces:
             continue
         rows = run.episodes[run.episodes["network"] == net]
         wall = rows["wall_s"].dropna() if "wall_s" in rows else pd.Series(dtype=float)
         specs[net] = {
-            "traces": names,
+            "traces": traces,
             "offsets_s": [float(str(o)) for o in slicing.sorted_values(rows, "trace_offset_s")],
             "duration_s": float(wall.median()) if len(wall) else 60.0,
         }
     return specs
+
+
+def _manifest_files(manifest: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Capacity traces per network from the manifest's ``networks`` provenance."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    networks = manifest.get("networks")
+    if not isinstance(networks, dict):
+        return out
+    for net, entry in networks.items():
+        files = entry.get("files", []) if isinstance(entry, dict) else []
+        seen: set[tuple[str, str, float]] = set()
+        for item in files:
+            role = str(item.get("role", ""))
+            if role not in ("up_trace", "down_trace"):
+                continue
+            direction = role.removesuffix("_trace")
+            offset = float(item.get("trace_offset_s") or 0.0)
+            path = str(item.get("path"))
+            if (path, direction, offset) in seen:
+                continue
+            seen.add((path, direction, offset))
+            host = item.get("host")
+            label = Path(path).name + (f" (host {host})" if host else "")
+            out.setdefault(str(net), []).append(
+                {"ref": str(item.get("ref", path)), "label": label, "direction": direction,
+                 "path": path, "offset_s": offset})
+    return out
 
 
 def _manifest_traces(manifest: dict[str, Any]) -> dict[str, list[str]]:
@@ -298,7 +332,8 @@ def _manifest_traces(manifest: dict[str, Any]) -> dict[str, list[str]]:
         key: dict[str, Any] = raw_key if isinstance(raw_key, dict) else {}
         net = entry.get("network") or key.get("network") or entry.get("profile") or label
         names: list[str] = []
-        _collect_trace_names(entry, names, inside=False)
+        _collect_trace_names({k: v for k, v in entry.items() if k != "hosts"}, names,
+                             inside=False)
         if names and net:
             found.setdefault(str(net), [])
             found[str(net)] += [n for n in names if n not in found[str(net)]]
@@ -317,6 +352,14 @@ def _collect_trace_names(value: Any, out: list[str], *, inside: bool) -> None:
             _collect_trace_names(item, out, inside=inside)
 
 
+def _default_loader(entry: dict[str, Any]) -> Any:
+    from testbed.links.traces import load_named, load_trace
+
+    if entry["path"] is not None:
+        return load_trace(entry["path"], direction=entry["direction"])
+    return load_named(entry["ref"])
+
+
 def traces_figure(
     run: Run,
     directory: Path,
@@ -324,33 +367,30 @@ def traces_figure(
     loader: Callable[[str], Any] | None = None,
     bin_ms: int = 500,
 ) -> tuple[list[Path], list[str]]:
-    """Capacity of the trace segment each profile replayed; returns (paths, notes)."""
+    """Capacity of the trace segment each network replayed; returns (paths, notes).
+
+    ``loader(ref)`` replaces the file loader (tests)."""
     notes: list[str] = []
     specs = trace_specs(run)
     if not specs:
         return [], notes
-    if loader is None:
-        try:
-            from testbed.links.traces import load_named
-        except ImportError as exc:
-            return [], [f"trace figure skipped: {exc}"]
-        loader = load_named
     series: dict[str, list[tuple[str, np.ndarray, np.ndarray]]] = {}
     for net, spec in specs.items():
-        for name in spec["traces"]:
+        for entry in spec["traces"]:
             try:
-                trace = loader(name)
+                trace = loader(entry["ref"]) if loader is not None else _default_loader(entry)
                 rates = np.asarray(trace.capacity_series_kbit(bin_ms), dtype=float)
             except (OSError, ValueError, KeyError, AttributeError, TypeError) as exc:
-                notes.append(f"trace {name} ({net}) skipped: {exc}")
+                notes.append(f"trace {entry['label']} ({net}) skipped: {exc}")
                 continue
             period_s = len(rates) * bin_ms / 1000.0
             for offset in spec["offsets_s"]:
+                start = offset + entry["offset_s"]
                 t = np.arange(0.0, spec["duration_s"], bin_ms / 1000.0)
-                index = (((offset + t) % period_s) * 1000.0 // bin_ms).astype(int)
+                index = (((start + t) % period_s) * 1000.0 // bin_ms).astype(int)
                 index = np.minimum(index, len(rates) - 1)
                 series.setdefault(net, []).append(
-                    (f"{name} @ {slicing.number(offset)} s", t, rates[index] / 1000.0))
+                    (f"{entry['label']} @ {slicing.number(start)} s", t, rates[index] / 1000.0))
     if not series:
         return [], notes
     figure = Figure(figsize=(8, 2.4 * len(series)), layout="constrained")
@@ -375,7 +415,8 @@ FIGURES: Sequence[Callable[[Run, Path], list[Path]]] = (
 
 
 def build_figures(run: Run, directory: Path) -> tuple[list[Path], list[str]]:
-    """All figures the campaign supports; returns (paths, notes about skipped parts)."""
+    """All figures the campaign supports; returns (paths, notes about skipped parts).
+    (The link plots are ``testbed.report.link_figures``.)"""
     paths = [p for figure in FIGURES for p in figure(run, directory)]
     trace_paths, notes = traces_figure(run, directory)
     return paths + trace_paths, notes

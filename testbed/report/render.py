@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import html
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from testbed.report.load import Run
@@ -24,8 +24,11 @@ FIGURE_CAPTIONS = {
     "figd1_validity": "Share of valid actions against median stall; numbers inside the "
     "metadata-sync markers give the barrier interval K.",
     "fig_stall_vs_rho": "Median stall against the update rate rho, per policy.",
-    "fig_trace_segments": "Capacity of the trace segment each network profile replayed "
-    "(from each trace offset, for the median episode duration).",
+    "fig_trace_segments": "Capacity of the trace segment each network replayed (the files "
+    "the manifest recorded, from each trace offset, for the median episode duration).",
+    "fig_link_": "One episode's links from its packet logs: per host, throughput against "
+    "the capacity the link offered (grey) and every packet's queueing delay, uplink and "
+    "downlink (like mm-throughput-graph and mm-delay-graph).",
 }
 
 
@@ -37,6 +40,7 @@ class ReportInputs:
     notes: list[str]
     draws: int
     seed: int
+    link_lines: list[str] = field(default_factory=list)
 
 
 def _caption(stem: str) -> str:
@@ -93,6 +97,8 @@ def render_markdown(inputs: ReportInputs, out_dir: Path) -> str:
     parts += [f"- {line}" for line in _provenance_lines(inputs.run)]
     parts += ["", "## Overview", ""] + [f"- {line}" for line in _overview(inputs.run)]
     parts += ["", "## Conventions", ""] + [f"- {line}" for line in _conventions(inputs)]
+    if inputs.link_lines:
+        parts += ["", "## Links", ""] + [f"- {line}" for line in inputs.link_lines]
     parts += ["", "## Tables", ""]
     if not inputs.tables:
         parts.append("This campaign holds none of the cells the table layouts compare.")
@@ -134,7 +140,11 @@ def render_html(inputs: ReportInputs) -> str:
     body += [f"<li>{esc(line)}</li>" for line in _overview(inputs.run)]
     body += ["</ul>", "<h2>Conventions</h2>", "<ul>"]
     body += [f"<li>{esc(line)}</li>" for line in _conventions(inputs)]
-    body += ["</ul>", "<h2>Tables</h2>"]
+    body.append("</ul>")
+    if inputs.link_lines:
+        body += ["<h2>Links</h2>", "<ul>"] + [f"<li>{esc(x)}</li>" for x in inputs.link_lines]
+        body.append("</ul>")
+    body += ["<h2>Tables</h2>"]
     if not inputs.tables:
         body.append("<p>This campaign holds none of the cells the table layouts compare.</p>")
     for table in inputs.tables:

@@ -65,7 +65,15 @@ class RunDir:
 
     # -- lifecycle
     def is_empty(self) -> bool:
-        return not self.path.exists() or all(p == self.lock_path for p in self.path.iterdir())
+        """Nothing of a campaign here: no directory, or only what a run killed before it
+        wrote its manifest leaves (the lock, an empty layout, its episode ledger)."""
+        if not self.path.exists() or all(p == self.lock_path for p in self.path.iterdir()):
+            return True
+        return not self.manifest_path.exists() and not any(
+            folder.is_dir() and any(folder.iterdir())
+            for folder in (self.actions_dir, self.episodes_dir)) and all(
+            p.name in (self.lock_path.name, "shards", "state.sqlite", "state.sqlite-journal")
+            for p in self.path.iterdir())
 
     def open(self) -> None:
         """Lock the directory, create the layout, delete leftover temporaries, open and

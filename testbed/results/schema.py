@@ -29,7 +29,7 @@ EPISODE_ID_COLUMNS: tuple[str, ...] = ("episode", "family", "template", "schedul
 #: Per protected action, written by the runner (every one required).
 RUNNER_ACTION_FIELDS: tuple[str, ...] = (
     "action", "outcome", "invalid", "complete", "replans", "stall_ms", "bytes", "connections",
-    "block_reason",
+    "block_reason", "rpc_timeouts",
 )
 #: Per protected action, written by the runner when it can say (explainable costs, and
 #: the outcome of single-action trials; a trial may also name who actually planned and
@@ -50,15 +50,24 @@ COST_EPISODE_FIELDS: tuple[str, ...] = (
     "query_bytes", "fetch_bytes", "revalidation_bytes", "barrier_bytes", "commit_bytes",
     "rounds_per_action",
 )
+#: What the links did in an episode (the runner may leave them out: null where a backend
+#: cannot say, e.g. netem's queueing delay, or loopback's everything). Per direction over
+#: every host; the emulator's release lateness is its own health (docs/emulator.md).
+LINK_EPISODE_FIELDS: tuple[str, ...] = (
+    "link_up_qdelay_p50_ms", "link_up_qdelay_p95_ms", "link_down_qdelay_p50_ms",
+    "link_down_qdelay_p95_ms", "link_up_utilisation", "link_down_utilisation",
+    "link_up_drops", "link_down_drops", "emulator_late_p99_ms", "emulator_late_max_ms",
+    "link_log",
+)
 #: Per episode, written by the runner (every one required for a completed episode, but
 #: for :data:`RUNNER_EPISODE_OPTIONAL`).
 RUNNER_EPISODE_FIELDS: tuple[str, ...] = (
     "stall_ms_per_action", "stall_action_ms", "stall_barrier_ms", "stall_commit_ms",
     "kib_per_action", "connections", "link_bytes", "wall_s", "congestion_control",
-    *COST_EPISODE_FIELDS,
+    *COST_EPISODE_FIELDS, "rpc_timeouts", *LINK_EPISODE_FIELDS,
 )
 RUNNER_EPISODE_OPTIONAL: tuple[str, ...] = ("wall_s", "congestion_control",
-                                            *COST_EPISODE_FIELDS)
+                                            *COST_EPISODE_FIELDS, *LINK_EPISODE_FIELDS)
 
 _CELL_TYPES: dict[str, pa.DataType] = {
     "campaign": pa.string(), "cell": pa.string(), "policy": pa.string(),
@@ -75,6 +84,7 @@ _ACTION_TYPES: dict[str, pa.DataType] = {
     "action": pa.string(), "outcome": pa.string(), "invalid": pa.bool_(),
     "complete": pa.bool_(), "replans": pa.int64(), "stall_ms": pa.float64(),
     "bytes": pa.int64(), "connections": pa.int64(), "block_reason": pa.string(),
+    "rpc_timeouts": pa.int64(),
     "rounds": pa.int64(), "query_bytes": pa.int64(), "fetch_bytes": pa.int64(),
     "revalidation_bytes": pa.int64(), "query_ms": pa.float64(), "fetch_ms": pa.float64(),
     "revalidation_ms": pa.float64(), "handshake_bytes": pa.int64(),
@@ -93,7 +103,13 @@ _EPISODE_TYPES: dict[str, pa.DataType] = {
     "setup_bytes": pa.int64(), "planning_bytes": pa.int64(), "query_bytes": pa.int64(),
     "fetch_bytes": pa.int64(), "revalidation_bytes": pa.int64(), "barrier_bytes": pa.int64(),
     "commit_bytes": pa.int64(), "rounds_per_action": pa.float64(),
-    "worker": pa.string(),
+    "worker": pa.string(), "rpc_timeouts": pa.int64(),
+    "link_up_qdelay_p50_ms": pa.float64(), "link_up_qdelay_p95_ms": pa.float64(),
+    "link_down_qdelay_p50_ms": pa.float64(), "link_down_qdelay_p95_ms": pa.float64(),
+    "link_up_utilisation": pa.float64(), "link_down_utilisation": pa.float64(),
+    "link_up_drops": pa.int64(), "link_down_drops": pa.int64(),
+    "emulator_late_p99_ms": pa.float64(), "emulator_late_max_ms": pa.float64(),
+    "link_log": pa.string(),
 }
 ACTION_SCHEMA = pa.schema([*(pa.field(c, _CELL_TYPES[c]) for c in _CELL_TYPES),
                            *(pa.field(c, t) for c, t in _ACTION_TYPES.items())])

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from testbed.spec.campaign import Cell, GroupKey
 from testbed.spec.workload import Schedule
@@ -63,6 +63,28 @@ class Group(Protocol):
     async def run_episode(self, cell: Cell, schedule: Schedule) -> EpisodeResult:
         """Run one episode on fresh stores and counters; raise EpisodeAborted on failure."""
         ...
+
+
+G = TypeVar("G", bound=Group)
+
+
+class DelegatingGroup(Generic[G]):
+    """A Group that forwards to another; wrappers (benchmarks, the fault suite, tests)
+    subclass it and override ``run_episode`` only."""
+
+    def __init__(self, group: G) -> None:
+        self.group = group
+
+    @property
+    def backend(self) -> str:
+        return self.group.backend
+
+    @property
+    def description(self) -> dict[str, Any]:
+        return dict(self.group.description)
+
+    async def run_episode(self, cell: Cell, schedule: Schedule) -> EpisodeResult:
+        return await self.group.run_episode(cell, schedule)
 
 
 class Runner(Protocol):

@@ -226,7 +226,7 @@ async def open_dask_engine(cluster: str, *, backend: str | None = None,
             with dask.config.set({"distributed.scheduler.allowed-failures": 1}):
                 local = LocalCluster(n_workers=int(value), threads_per_worker=1,
                                      processes=True, resources={"lanes": 1},
-                                     dashboard_address=None, host="127.0.0.1")
+                                     dashboard_address=":0", host="127.0.0.1")
             return Client(local)
         try:
             return Client(str(value), timeout=CONNECT_TIMEOUT_S)

@@ -19,10 +19,22 @@ Rules this module obeys:
    recorded input of some declared key differs from the owner's head at the instant
    the action was issued (both on CLOCK_MONOTONIC, which is system wide).
 5. A node failure or a timeout aborts the episode (EpisodeAborted); nothing is imputed.
+6. Liveness: while an episode runs, every node's control plane is pinged on a second
+   connection; a node that does not answer within ``heartbeat_timeout_s`` (derived
+   from the campaign's ``rpc_timeout_s``) aborts the episode with reason
+   ``node_unresponsive``, so the time a frozen node costs is never measured as stall.
+   An RPC timeout inside an episode that finishes is recorded per action and per
+   episode (``rpc_timeouts``), so a report can tell network loss from policy cost.
+7. The links' own record of an episode: after the trace restart the backend's statistics
+   window starts; at the end its queueing delay, utilisation and release lateness land
+   in the episode row (``LINK_EPISODE_FIELDS``; null where the backend has none), and
+   with ``[options] link_log`` every host's two directions are logged packet by packet
+   (Mahimahi format) under ``<run>/links/<episode>/``.
 """
 
 from __future__ import annotations
 
+import math
 import shutil
 import tempfile
 import time
@@ -38,14 +50,20 @@ import trio
 from protocols.errors import ProtocolError
 from protocols.policies import describe_policy
 from testbed.errors import RunFailure
-from testbed.links.profiles import get_profile
+from testbed.host.ledger import Ledger
 from testbed.net.topology import Topology, open_topology
 from testbed.run.accounting import PhaseTally, action_costs, episode_costs, total_sent
 from testbed.run.contract import EpisodeAborted, EpisodeResult
-from testbed.run.team import Team, open_team
+from testbed.run.team import (
+    NodeDied,
+    NodeUnresponsive,
+    Team,
+    heartbeat_timeout_s,
+    open_team,
+)
 from testbed.run.trials import run_trial
 from testbed.run.verdict import HeadLog, build_head_log, judge_invalid
-from testbed.spec.campaign import Campaign, Cell, GroupKey
+from testbed.spec.campaign import Campaign, Cell, GroupKey, episode_key
 from testbed.spec.workload import Act, Plan, Schedule, Seed, Update
 
 
@@ -61,10 +79,12 @@ class StallTally:
 class TeamGroup:
     """A live topology with its node processes, shared by the cells of one group."""
 
-    def __init__(self, topo: Topology, team: Team, campaign: Campaign) -> None:
+    def __init__(self, topo: Topology, team: Team, campaign: Campaign, *,
+                 link_log_dir: Path | None = None) -> None:
         self.topo = topo
         self.team = team
         self.campaign = campaign
+        self.link_log_dir = link_log_dir
         #: (setup seconds, whole episode seconds) per episode, for `testbed bench episode`.
         self.setup_times: list[tuple[float, float]] = []
 
@@ -77,14 +97,47 @@ class TeamGroup:
         return self.topo.describe()
 
     async def run_episode(self, cell: Cell, schedule: Schedule) -> EpisodeResult:
+        """Run one episode while watching every node's control plane (rule 6)."""
         timeout_s = self.campaign.options.episode_timeout_s
-        try:
-            with trio.fail_after(timeout_s):
-                return await self._run(cell, schedule)
-        except trio.TooSlowError:
-            raise EpisodeAborted(f"episode timeout after {timeout_s:g} s") from None
-        except (RunFailure, ProtocolError) as exc:  # a node died or refused an operation
-            raise EpisodeAborted(f"{type(exc).__name__}: {exc}") from None
+        heartbeat_s = heartbeat_timeout_s(self.campaign.options.rpc_timeout_s)
+        result: list[EpisodeResult] = []
+        failed: list[BaseException] = []
+        unresponsive: list[NodeUnresponsive] = []
+        with trio.move_on_after(timeout_s) as deadline:
+            async with trio.open_nursery() as nursery:
+                async def body() -> None:
+                    try:
+                        result.append(await self._run(cell, schedule))
+                    except (RunFailure, ProtocolError) as exc:  # a node died or refused
+                        failed.append(exc)
+                    finally:
+                        nursery.cancel_scope.cancel()
+
+                async def watch() -> None:
+                    try:
+                        await self.team.watch_liveness(timeout_s=heartbeat_s)
+                    except NodeUnresponsive as exc:
+                        unresponsive.append(exc)
+                        nursery.cancel_scope.cancel()
+
+                nursery.start_soon(body)
+                nursery.start_soon(watch)
+        if failed and not unresponsive:  # was it a frozen node behind that failure?
+            frozen = await self.team.unresponsive(timeout_s=heartbeat_s)
+            if frozen is not None:
+                unresponsive.append(frozen)
+        if unresponsive:
+            raise EpisodeAborted(str(unresponsive[0]))
+        if failed:
+            exc = failed[0]
+            dead = self.team.dead_members()
+            if dead and not isinstance(exc, NodeDied):  # a peer's failure was the symptom
+                raise EpisodeAborted(f"NodeDied: node {dead[0]} exited; first failure: "
+                                     f"{type(exc).__name__}: {exc}")
+            raise EpisodeAborted(f"{type(exc).__name__}: {exc}")
+        if deadline.cancelled_caught or not result:
+            raise EpisodeAborted(f"episode timeout after {timeout_s:g} s")
+        return result[0]
 
     async def _run(self, cell: Cell, schedule: Schedule) -> EpisodeResult:
         if self.campaign.kind != "episodes":  # single-action trials (testbed/run/trials.py)
@@ -92,7 +145,8 @@ class TeamGroup:
         team, topo = self.team, self.topo
         started = time.monotonic()
         await team.reset_all(policy=cell.policy, connection=cell.connection,
-                             owners=schedule.owners)
+                             owners=schedule.owners,
+                             episode=episode_key(cell, schedule.template))
         async def seed_key(seed: Seed) -> None:
             await team.call(seed.owner, "seed", key=seed.key, content=seed.content,
                             rtype=seed.rtype)
@@ -102,6 +156,12 @@ class TeamGroup:
                 nursery.start_soon(seed_key, seed)
         phases = PhaseTally(setup=total_sent(await team.counters()))
         await topo.restart_trace()
+        await topo.clear_link_statistics()
+        log_dir = None
+        if self.link_log_dir is not None and topo.links is not None:
+            key = episode_key(cell, schedule.template)
+            log_dir = self.link_log_dir / key.replace("/", "~")
+            await topo.start_link_log(str(log_dir), f"episode {key}")
         links_before = await topo.link_counters()
         barrier = describe_policy(cell.policy).has_unit_end_hook
         setup_s = time.monotonic() - started
@@ -140,10 +200,17 @@ class TeamGroup:
         timeline = build_head_log(logs)
         counters = await team.counters()
         links_after = await topo.link_counters()
+        link_stats = await topo.link_statistics()
+        if log_dir is not None:
+            await topo.stop_link_log()
         wall_s = time.monotonic() - started
         self.setup_times.append((setup_s, wall_s))
-        return self._result(schedule, acts, timeline, counters, links_before, links_after,
-                            tally, wall_s, phases)
+        result = self._result(schedule, acts, timeline, counters, links_before, links_after,
+                              tally, wall_s, phases)
+        result.episode.update(link_columns(links_before, links_after, link_stats))
+        if log_dir is not None:
+            result.episode["link_log"] = f"links/{log_dir.name}"
+        return result
 
     async def _barrier(self, unit: int) -> float:
         """Run the unit-end hook at every member at once; elapsed = the slowest member."""
@@ -177,6 +244,7 @@ class TeamGroup:
                 "connections": int(reply["connections"]),
                 "block_reason": str(reply.get("block_reason") or ""),
                 **action_costs(reply),
+                "rpc_timeouts": int(reply.get("rpc_timeouts") or 0),
             })
         attempted = max(len(acts), 1)
         sent = sum(int(c.get("bytes_sent", 0)) for c in counters.values())
@@ -196,46 +264,84 @@ class TeamGroup:
             "wall_s": wall_s,
             "congestion_control": str(self.topo.describe().get("congestion_control", "")),
             **episode_costs(counters, phases, rows, attempted),
+            "rpc_timeouts": sum(int(c.get("rpc_timeouts", 0)) for c in counters.values()),
         }
         return EpisodeResult(actions=rows, episode=episode)
 
 
+def link_columns(before: Mapping[str, Mapping[str, int]], after: Mapping[str, Mapping[str, int]],
+                 stats: Mapping[str, float]) -> dict[str, Any]:
+    """The episode's link columns (rule 7) from counters and the backend's statistics."""
+    def stat(key: str) -> float | None:
+        value = stats.get(key)
+        return None if value is None or math.isnan(value) else float(value)
+
+    out: dict[str, Any] = {}
+    for side in ("up", "down"):
+        out[f"link_{side}_qdelay_p50_ms"] = stat(f"{side}_qdelay_p50_ms")
+        out[f"link_{side}_qdelay_p95_ms"] = stat(f"{side}_qdelay_p95_ms")
+        out[f"link_{side}_utilisation"] = stat(f"{side}_utilisation")
+        out[f"link_{side}_drops"] = sum(
+            int(after[h].get(f"{side}_drops", 0)) - int(before.get(h, {}).get(f"{side}_drops", 0))
+            for h in after)
+    out["emulator_late_p99_ms"] = stat("late_p99_ms")
+    out["emulator_late_max_ms"] = stat("late_max_ms")
+    return out
+
+
 class EpisodeRunner:
-    """Builds a topology and a team per group of cells (the campaign's Runner)."""
+    """Builds a topology and a team per group of cells (the campaign's Runner).
+
+    ``link_log_dir``: where episodes write their packet logs when the campaign asks for
+    them (``[options] link_log``; the run directory's ``links/``).
+    """
 
     def __init__(self, campaign: Campaign, *, workdir_root: Path | None = None,
-                 backend: str | None = None) -> None:
+                 backend: str | None = None, ledger: Ledger | None = None,
+                 link_log_dir: Path | None = None, shared_emulator: bool = False) -> None:
         self.campaign = campaign
         self.workdir_root = workdir_root
+        #: The run's ledger: every temporary directory is recorded in it before it is
+        #: made (without one, e.g. in tests, plain mkdtemp directories).
+        self.ledger = ledger
         self.backend = backend or campaign.options.backend
+        self.link_log_dir = link_log_dir if campaign.options.link_log else None
+        #: Lanes share one emulator process (testbed.links.shared_emulator).
+        self.shared_emulator = shared_emulator
         self.groups: list[TeamGroup] = []
 
     @asynccontextmanager
     async def open_group(self, key: GroupKey, cells: Sequence[Cell]) -> AsyncIterator[TeamGroup]:
         options = self.campaign.options
-        # The campaign's delay option sets the one-way delay of every shaped access link.
-        delay_ms = None if key.network == "loopback" else options.delay_ms
-        profile = get_profile(key.network, delay_ms=delay_ms)
+        profile = self.campaign.network_profile(key.network)
         first = cells[0]
         # The workload names the agents and owns the keys; the team follows it.
         first_schedule = self.campaign.schedule(first, self.campaign.templates[0])
         agents = list(first_schedule.agents)
-        workdir = Path(tempfile.mkdtemp(prefix="planfence-", dir=self.workdir_root))
+        ledger = self.ledger
+        workdir = (ledger.new_tmpdir("planfence", self.workdir_root) if ledger is not None
+                   else Path(tempfile.mkdtemp(prefix="planfence-", dir=self.workdir_root)))
         try:
             async with open_topology(profile, agents, central=key.central,
                                      trace_offset_s=key.trace_offset_s,
-                                     backend=self.backend, seed=self.campaign.seed) as topo:
+                                     backend=self.backend, seed=self.campaign.seed,
+                                     packet_log=self.link_log_dir is not None,
+                                     shared_emulator=self.shared_emulator) as topo:
                 hosts = {name: (host.netns, host.address) for name, host in topo.hosts.items()}
                 async with open_team(agents=agents, central=key.central, hosts=hosts,
                                      workdir=workdir, campaign_seed=self.campaign.seed,
                                      connection=first.connection, policy=first.policy,
                                      durability=options.durability,
                                      rpc_timeout_s=options.rpc_timeout_s,
-                                     owners=first_schedule.owners,
+                                     owners=first_schedule.owners, ledger=ledger,
                                      congestion_control=topo.socket_congestion_control,
                                      ) as team:
-                    group = TeamGroup(topo, team, self.campaign)
+                    group = TeamGroup(topo, team, self.campaign,
+                                      link_log_dir=self.link_log_dir)
                     self.groups.append(group)
                     yield group
         finally:
-            shutil.rmtree(workdir, ignore_errors=True)
+            if ledger is not None:
+                ledger.remove_tmpdir(workdir)
+            else:
+                shutil.rmtree(workdir, ignore_errors=True)

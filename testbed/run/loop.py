@@ -21,7 +21,10 @@ Rules this module obeys:
    (about 5% of one core for a whole team), so lanes do not contend. On loopback they
    would, and stall there is CPU time, so loopback units always run first and alone,
    one at a time, whatever ``jobs`` is (docs/campaigns.md).
-4. An aborted episode (the runner raised :class:`EpisodeAborted`, or it outlived
+4. The manifest records every network the campaign runs (definition, trace files with
+   size and SHA-256; ``testbed.spec.networks.network_provenance``); ``--resume`` and
+   ``--extend`` refuse a run whose recorded trace files have changed since.
+5. An aborted episode (the runner raised :class:`EpisodeAborted`, or it outlived
    ``options.episode_timeout_s`` by :data:`BACKSTOP_GRACE_S`) is recorded with
    ``aborted = True`` and its reason, no action rows and no costs (nothing imputed);
    its ``scheduled_actions`` keep its slots in availability denominators. The group's
@@ -66,6 +69,7 @@ from testbed.run.contract import EpisodeResult, Runner, RunSummary
 from testbed.run.engines import Engine, LocalEngine
 from testbed.run.units import EpisodeOutcome, plan_units
 from testbed.spec.campaign import Campaign, CampaignError, episode_key
+from testbed.spec.networks import changed_files, network_provenance
 from testbed.spec.parse import recorded_campaign
 from testbed.spec.workload import Schedule
 
@@ -92,6 +96,7 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
             raise CampaignError(f"{run_dir.path}: not empty; pass --resume to finish that run "
                                 "(or --extend to grow it) or choose another --out")
         extended_from = _check_same_campaign(run_dir, campaign, extend=extend)
+    networks = network_provenance(campaign)  # hashes the trace files before anything runs
     t0 = time.monotonic()
     run_dir.open()
     status = "interrupted"
@@ -110,6 +115,7 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
             versions=package_versions(), lock=lock_file(), git=git_revision(),
             system={**host_description(), "privilege": privilege()},
             execution=engine.describe(),
+            networks={**previous.get("networks", {}), **networks},
             sessions=[*sessions, session], status="running")
         done = run_dir.completed()
         episodes = campaign.episodes()
@@ -223,6 +229,10 @@ def _check_same_campaign(run_dir: RunDir, campaign: Campaign, *,
         raise CampaignError(f"{run_dir.path}: no campaign manifest; --resume needs a directory "
                             "written by `testbed run`")
     new = campaign.config()
+    flag = "--extend" if extend else "--resume"
+    changed = changed_files(manifest.get("networks") or {})
+    if changed is not None:
+        raise CampaignError(f"{flag}: {changed}")
     if not extend:
         differing = [k for k in new if old.get(k) != new[k]]
         if differing:

@@ -27,6 +27,7 @@ from typing import Any
 
 import trio
 
+from testbed.host.ledger import open_run_ledger
 from testbed.links.backends import AUTO_ORDER, probe_backend
 from testbed.results.provenance import host_description
 from testbed.run.episode import EpisodeRunner
@@ -136,13 +137,18 @@ def run_unit_task(task: UnitTask) -> list[EpisodeOutcome]:
     attempt = _count_attempt(task)
     if attempt > MAX_ATTEMPTS:
         return _lost(task, unit, attempt)
-    runner = EpisodeRunner(campaign, backend=task.backend,
-                           workdir_root=Path(task.workdir) if task.workdir else None)
     outcomes: list[EpisodeOutcome] = []
     with _running_lock:
         _running += 1
     try:
-        trio.run(_run, unit, runner, campaign, outcomes, cancel_event_name(task.run_token))
+        # The unit's temporary directories and node processes are recorded in a ledger
+        # of this worker's, so `testbed clean` here removes them if the worker dies.
+        with open_run_ledger(f"unit {task.key}") as ledger:
+            runner = EpisodeRunner(campaign, backend=task.backend, ledger=ledger,
+                                   workdir_root=Path(task.workdir) if task.workdir else None,
+                                   shared_emulator=True)  # a worker's lanes: one emulator
+            trio.run(_run, unit, runner, campaign, outcomes,
+                     cancel_event_name(task.run_token))
     finally:
         with _running_lock:
             _running -= 1

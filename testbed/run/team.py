@@ -6,7 +6,11 @@ namespace. Each node's control socket gets one persistent connection (one reques
 a time). Setup follows the two-step ``configure`` of docs/architecture.md: first every
 node binds its data-plane port (port 0 in the roster), then every node receives the
 complete roster. ``reset_all`` starts a new episode cheaply (fresh store file, zeroed
-counters, closed pooled connections, new policy object) without restarting processes.
+counters, closed pooled connections, new policy object) without restarting processes,
+and binds the episode: every member's key is derived from the campaign seed, this
+team's random incarnation and the episode label, and the whole roster is re-pinned at
+every node (docs/architecture.md, "Threat model"), so nothing signed or handshaken in
+another episode, team or campaign verifies in this one.
 
 On exit the team asks each node to shut down, waits briefly, then lets trio terminate
 (SIGTERM, later SIGKILL) only the processes it started.
@@ -16,7 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -38,18 +44,45 @@ from nodes.transport import CONNECTION_SETTINGS
 from protocols.errors import RemoteProtocolError
 from protocols.identity import CENTRAL_ID, Identity, Member, Roster
 from testbed.errors import RunFailure
+from testbed.host.ledger import Ledger
+from testbed.host.processes import is_running
 
 log = logging.getLogger("testbed.run.team")
 
 T = TypeVar("T")
 STARTUP_TIMEOUT_S = 30.0
 SHUTDOWN_GRACE_S = 5.0
+HEARTBEAT_MIN_S = 1.0
+OP_DEADLINE_MARGIN_S = 5.0
+#: Control ops that run no policy code: they get op_deadline_s.
+LOCAL_OPS = frozenset({"ping", "reset", "counters", "head_log", "configure"})
 CONNECTIONS: tuple[str, ...] = tuple(CONNECTION_SETTINGS)
 DURABILITIES: tuple[str, ...] = tuple(DURABILITY_MODES)
 
 
 class NodeDied(RunFailure):
     """A node process exited (or its control socket broke) while the team needed it."""
+
+
+class NodeUnresponsive(RunFailure):
+    """A node stopped answering its control plane (frozen, or stuck); its message
+    starts with ``node_unresponsive``, the abort reason of the episode."""
+
+    def __init__(self, agent: str, detail: str) -> None:
+        super().__init__(f"node_unresponsive: {agent} {detail}")
+        self.agent = agent
+
+
+def heartbeat_timeout_s(rpc_timeout_s: float) -> float:
+    """How long a live node may take to answer a ping: half the RPC timeout (so a frozen
+    node is found before the RPCs to it time out), at least 1 s."""
+    return max(HEARTBEAT_MIN_S, rpc_timeout_s / 2)
+
+
+def op_deadline_s(rpc_timeout_s: float) -> float:
+    """Deadline of a control op that runs no policy (ping, reset, counters, head_log):
+    such an op is local work, so it never needs an RPC timeout, let alone this."""
+    return rpc_timeout_s + OP_DEADLINE_MARGIN_S
 
 
 class NodeOpError(RunFailure):
@@ -97,6 +130,8 @@ class _Node:
     store_path: Path
     process: trio.Process | None = None
     client: ControlClient | None = None
+    heartbeat: ControlClient | None = None  # a second connection, for pings only
+    unresponsive: bool = False
     returncode: int | None = None
     port: int = 0
 
@@ -116,7 +151,14 @@ class Team:
     probes: tuple[str, ...] = ()
     plugins: tuple[str, ...] = ()
     congestion_control: str | None = None  # set per socket by the nodes (rootless runs)
+    limits: dict[str, Any] = field(default_factory=dict)
+    ledger: Ledger | None = None
     roster: Roster = field(init=False)
+    #: Key material, never a measurement: random per team, so that a rerun, a resumed
+    #: run or another campaign with the same seed never derives this team's keys.
+    incarnation: str = field(default_factory=lambda: secrets.token_hex(16))
+    episode: str = "setup"  # the label the current keys are bound to
+    episodes_started: int = 0
     _nodes: dict[str, _Node] = field(default_factory=dict)
     _closing: bool = False
 
@@ -127,8 +169,22 @@ class Team:
         return list(self._nodes)
 
     def identity(self, agent: str) -> Identity:
-        """The identity of a member or a probe (for tests and benchmarks only)."""
-        return Identity.derive(agent, self.campaign_seed)
+        """The current episode's identity of a member or a probe (tests and benchmarks
+        act as a probe with it)."""
+        return Identity.derive(agent, self.campaign_seed,
+                               episode=f"{self.incarnation}/{self.episode}")
+
+    def pid(self, agent: str) -> int | None:
+        """The process id of a member's node (fault injection and tests), None if gone."""
+        process = self._nodes[agent].process
+        return None if process is None or process.returncode is not None else process.pid
+
+    def dead_members(self) -> list[str]:
+        """Members whose process has exited (a failure's first suspect)."""
+        return [a for a, n in self._nodes.items()
+                if n.returncode is not None
+                or (n.process is not None and (n.process.poll() is not None
+                                               or not is_running(n.process.pid, None)))]
 
     def log_path(self, agent: str) -> Path:
         return self._nodes[agent].log_path
@@ -150,8 +206,14 @@ class Team:
             raise ValueError(f"agent: {agent!r} not one of {', '.join(self._nodes)}")
         if node.client is None or node.returncode is not None:
             raise await self._died(node, "control connection is not open")
+        deadline = op_deadline_s(self.rpc_timeout_s) if op in LOCAL_OPS else math.inf
         try:
-            reply = await node.client.request(op, **args)
+            with trio.fail_after(deadline):
+                reply = await node.client.request(op, **args)
+        except trio.TooSlowError:
+            node.unresponsive = True
+            raise NodeUnresponsive(agent, f"did not answer {op} within {deadline:g} s") \
+                from None
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError,
                 RemoteProtocolError) as exc:
             raise await self._died(node, f"{op}: {exc!r}") from None
@@ -161,8 +223,10 @@ class Team:
         return reply
 
     async def reset_all(self, *, policy: str | None = None, connection: str | None = None,
-                        owners: Mapping[str, str] | None = None) -> None:
-        """New episode at every node: fresh stores, zeroed counters, new policy objects.
+                        owners: Mapping[str, str] | None = None,
+                        episode: str | None = None) -> None:
+        """New episode at every node: fresh stores, zeroed counters, new policy objects,
+        and new keys bound to ``episode`` (default: a counter), re-pinned everywhere.
 
         ``owners`` (a new keyspace) re-sends the roster first; ports stay the same.
         """
@@ -174,9 +238,47 @@ class Team:
             await self._configure_all()
         self.policy = policy or self.policy
         self.connection = connection or self.connection
+        self.episodes_started += 1
+        self.episode = f"{self.episodes_started}/{episode or 'episode'}"
+        self.roster = self._build_roster()
+        wire_roster = self.roster.to_wire()
         await self._each(lambda n: self.call(
             n.agent, "reset", store_path=str(n.store_path), policy=self.policy,
-            connection=self.connection))
+            connection=self.connection, identity_seed=self.identity(n.agent).seed,
+            roster=wire_roster))
+
+    async def unresponsive(self, *, timeout_s: float) -> NodeUnresponsive | None:
+        """Ping every node at once on its heartbeat connection; the first that does not
+        answer within ``timeout_s`` (a node that died is NodeDied's business)."""
+        found: list[NodeUnresponsive] = []
+
+        async def one(node: _Node) -> None:
+            if node.heartbeat is None or node.returncode is not None:
+                return
+            with trio.move_on_after(timeout_s) as scope:
+                try:
+                    await node.heartbeat.request("ping")
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError,
+                        RemoteProtocolError):
+                    return
+            if scope.cancelled_caught:
+                if node.process is not None and node.process.poll() is not None:
+                    return  # it died meanwhile: NodeDied's business, not a frozen node
+                node.unresponsive = True
+                found.append(NodeUnresponsive(
+                    node.agent, f"did not answer a ping within {timeout_s:g} s"))
+
+        await self._each(one)
+        return found[0] if found else None
+
+    async def watch_liveness(self, *, timeout_s: float) -> None:
+        """Ping every node every ``timeout_s / 4``; raise NodeUnresponsive for the first
+        that stays silent for ``timeout_s``. Runs until cancelled."""
+        while True:
+            frozen = await self.unresponsive(timeout_s=timeout_s)
+            if frozen is not None:
+                raise frozen
+            await trio.sleep(timeout_s / 4)
 
     async def counters(self) -> dict[str, dict[str, int]]:
         replies = await self._each(lambda n: self.call(n.agent, "counters"))
@@ -223,6 +325,7 @@ class Team:
                 "roster": self.roster.to_wire(), "connection": self.connection,
                 "policy": self.policy, "rpc_timeout_s": self.rpc_timeout_s,
                 "durability": self.durability, "store_path": str(node.store_path),
+                "limits": dict(self.limits),
                 **({"congestion_control": self.congestion_control}
                    if self.congestion_control else {})}
 
@@ -237,7 +340,7 @@ class Team:
                          task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
                          ) -> None:
         cmd = [sys.executable, "-m", "nodes", "--control", node.control_path,
-               "--log-level", "info"]
+               "--log-level", "info", "--parent-pid", str(os.getpid())]
         for module in self.plugins:
             cmd += ["--plugin", module]
         if node.netns is not None:
@@ -248,11 +351,15 @@ class Team:
                 node.process = await inner.start(partial(
                     trio.run_process, cmd, check=False, stdin=subprocess.DEVNULL,
                     stdout=log_fd, stderr=log_fd, env=env))
+                if self.ledger is not None:  # so that `clean` stops it if we are killed
+                    self.ledger.record_process(node.process.pid)
                 task_status.started()
         finally:
             os.close(log_fd)
+            if self.ledger is not None and node.process is not None:
+                self.ledger.forget_process(node.process.pid)
         node.returncode = node.process.returncode
-        if not self._closing:
+        if not self._closing and not node.unresponsive:
             log.error("node %s exited unexpectedly with code %s", node.agent, node.returncode)
 
     async def _wait_ready(self, node: _Node) -> None:
@@ -263,6 +370,7 @@ class Team:
                     raise await self._died(node, "exited during startup")
                 try:
                     node.client = await ControlClient.connect(node.control_path)
+                    node.heartbeat = await ControlClient.connect(node.control_path)
                 except OSError:
                     await trio.sleep(0.02)
                     continue
@@ -274,6 +382,12 @@ class Team:
         self._closing = True
 
         async def one(node: _Node) -> None:
+            if node.heartbeat is not None:
+                await node.heartbeat.aclose()
+                node.heartbeat = None
+            if node.unresponsive and node.process is not None \
+                    and node.process.returncode is None:
+                node.process.kill()  # frozen: it would not obey a shutdown or SIGTERM
             if node.client is None:
                 return
             with trio.move_on_after(2.0), contextlib.suppress(
@@ -298,7 +412,9 @@ async def open_team(*, agents: Sequence[str], central: bool,
                     owners: Mapping[str, str] | None = None,
                     probes: Sequence[str] = (),
                     plugins: Sequence[str] = (),
-                    congestion_control: str | None = None) -> AsyncIterator[Team]:
+                    congestion_control: str | None = None,
+                    limits: Mapping[str, Any] | None = None,
+                    ledger: Ledger | None = None) -> AsyncIterator[Team]:
     """Start and configure a team of node processes; stop them all on exit.
 
     ``hosts[agent] = (netns or None, bind address)``, also for ``central`` if used.
@@ -306,6 +422,8 @@ async def open_team(*, agents: Sequence[str], central: bool,
     ``probes`` are extra roster members with no process (a test or benchmark acting
     as a client with ``team.identity(probe)``). ``plugins`` are modules each node
     imports at start (``python -m nodes --plugin``), e.g. to register a test policy.
+    ``limits`` overrides settings of ``nodes.limits.Limits`` at every node. With a
+    ``ledger`` the control sockets' directory is recorded in it before it is made.
     """
     if connection not in CONNECTIONS:
         raise ValueError(f"connection: {connection!r} not one of {', '.join(CONNECTIONS)}")
@@ -319,10 +437,12 @@ async def open_team(*, agents: Sequence[str], central: bool,
             raise ValueError(f"hosts: no entry for {name!r}")
     team = Team(list(agents), central, campaign_seed, connection, policy, durability,
                 float(rpc_timeout_s), dict(owners or key_owners(agents, 8)), tuple(probes),
-                tuple(plugins), congestion_control)
+                tuple(plugins), congestion_control, dict(limits or {}), ledger)
     workdir = Path(workdir)
     _make_dirs(workdir / "logs", workdir / "stores")
-    sock_dir = tempfile.mkdtemp(prefix="pft-ctl-")  # short: Unix socket paths are <108 bytes
+    # Short: Unix socket paths are < 108 bytes.
+    sock_dir = str(ledger.new_tmpdir("pft-ctl")) if ledger is not None \
+        else tempfile.mkdtemp(prefix="pft-ctl-")
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [_source_root(), env.get("PYTHONPATH")]))
     for name in members:
@@ -345,4 +465,7 @@ async def open_team(*, agents: Sequence[str], central: bool,
                 await team._shutdown()
                 nursery.cancel_scope.cancel()  # terminate/kill whatever did not exit
     finally:
-        shutil.rmtree(sock_dir, ignore_errors=True)
+        if ledger is not None:
+            ledger.remove_tmpdir(Path(sock_dir))
+        else:
+            shutil.rmtree(sock_dir, ignore_errors=True)

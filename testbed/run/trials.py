@@ -127,6 +127,7 @@ async def run_trial(group: TrialGroup, cell: Cell, schedule: Schedule) -> Episod
         "connections": sum(int(c.get("connections_opened", 0)) for c in counters.values()),
         "link_bytes": 0, "wall_s": time.monotonic() - started,
         "congestion_control": str(topo.describe().get("congestion_control", "")),
+        "rpc_timeouts": sum(int(c.get("rpc_timeouts", 0)) for c in counters.values()),
         **episode_costs(counters, phases, [row], 1),
     }
     return EpisodeResult(actions=[row], episode=episode)
@@ -205,6 +206,7 @@ def _judge(kind: str, action: str, timeline: HeadLog, key: str, unrelated: str,
         "replans": int(reply["replans"]), "stall_ms": float(reply["stall_ms"]),
         "bytes": int(reply["bytes"]), "connections": int(reply["connections"]),
         "block_reason": str(reply.get("block_reason") or ""),
+        "rpc_timeouts": int(reply.get("rpc_timeouts") or 0),
         **action_costs(reply),
         "trial_outcome": outcome,
         "relevant_updates": changes_between(timeline, key, started, effect),

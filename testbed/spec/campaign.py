@@ -19,6 +19,9 @@ Rules this module obeys:
    default) are left out of :meth:`Campaign.config` when they keep the earlier
    behaviour, so runs recorded before them still resume. ``derivation`` is always
    recorded: its default changed (runs recorded without it used ``template``).
+6. A campaign's own networks (``[networks.NAME]``, ``testbed.links.netdef``) sit beside
+   the registered ones; :meth:`Campaign.network_profile` is the one place a cell's
+   network name becomes the profile a topology is built from.
 
 Files become campaigns in ``testbed.spec.parse``; the loop that runs them is
 ``testbed.run.loop``.
@@ -32,6 +35,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from testbed.errors import UserError
+from testbed.links.netdef import network_to_data
+from testbed.links.profiles import NetworkProfile, get_profile
 from testbed.spec.trials import KINDS, SCENARIOS, TRIAL_KINDS, trial_schedule
 from testbed.spec.vocabulary import policy_needs_central
 from testbed.spec.workload import (
@@ -64,7 +69,8 @@ STUDY_DEFAULTS: dict[str, tuple[Any, ...]] = {
 TRIAL_FIXED = ("rho", "units", "deps")
 #: Options added after the first recorded runs, with the default that keeps their old
 #: behaviour (rule 5); ``derivation`` is not one of them (its default changed).
-NEW_OPTION_DEFAULTS: dict[str, Any] = {"action_deadline_s": 30.0, "effect_delay_s": 0.0}
+NEW_OPTION_DEFAULTS: dict[str, Any] = {"action_deadline_s": 30.0, "effect_delay_s": 0.0,
+                                       "link_log": False}
 
 
 class CampaignError(UserError):
@@ -83,7 +89,7 @@ class Options:
     rpc_timeout_s: float = 10.0
     durability: str = "full"
     backend: str = "auto"
-    delay_ms: float | None = None  # one-way delay of the ``fixed`` profile; None: its default
+    delay_ms: float | None = None  # one-way delay of the built-in networks; None: theirs
     episode_timeout_s: float = 600.0
     #: How plans derive from their inputs (``testbed.spec.workload`` rule 3).
     derivation: str = DERIVATIONS[0]
@@ -91,6 +97,7 @@ class Options:
     action_deadline_s: float = 30.0
     #: Trials: time between a release and its recorded effect.
     effect_delay_s: float = 0.0
+    link_log: bool = False  # per-episode packet logs of every link (Mahimahi format)
 
 
 @dataclass(frozen=True)
@@ -195,6 +202,7 @@ class Campaign:
     def fields(self) -> tuple[str, ...]:
         """The grid fields of this campaign's kind, in cell order."""
         return (*GRID_FIELDS, *EXTRA_FIELDS, *STUDY_FIELDS[self.kind])
+    networks: Mapping[str, NetworkProfile] = field(default_factory=dict)
 
     def cells(self) -> list[Cell]:
         cells: dict[Cell, None] = {}
@@ -234,6 +242,20 @@ class Campaign:
         except WorkloadError as exc:
             raise CampaignError(str(exc)) from None
 
+    def network_profile(self, name: str) -> NetworkProfile:
+        """The profile cells of network NAME run on (rule 6): the campaign's own
+        definition, else the registered network with ``options.delay_ms`` applied to
+        its links."""
+        if name in self.networks:
+            return self.networks[name]
+        probe = get_profile(name)
+        delay = None if probe.link is None else self.options.delay_ms
+        return get_profile(name, delay_ms=delay) if delay is not None else probe
+
+    def network_names(self) -> list[str]:
+        """Every network the grid names, in order of first appearance."""
+        return list(dict.fromkeys(c.network for c in self.cells()))
+
     def config(self) -> dict[str, Any]:
         """Normalised configuration (what the manifest stores and --resume compares);
         rule 5 says which fields are left out at their defaults."""
@@ -249,4 +271,6 @@ class Campaign:
                      for g in self.grids]}
         if self.kind != KINDS[0]:
             config["kind"] = self.kind
+        if self.networks:
+            config["networks"] = {n: network_to_data(p) for n, p in self.networks.items()}
         return config

@@ -8,6 +8,10 @@ Rules this module obeys:
    from a list kept here.
 3. Presets are campaign files shipped in ``testbed/spec/presets/``; a name that is not
    a file is looked up there.
+4. ``[networks.NAME]`` tables define the campaign's own networks
+   (``testbed.spec.networks``); ``grid.network`` names registered or defined ones, and
+   the networks are checked against the grid (hosts, trace offsets) and their files
+   read before the campaign is returned.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from testbed.spec.campaign import (
     Options,
     fmt_number,
 )
+from testbed.spec.networks import check_against_grid, check_backend, parse_networks
 from testbed.spec.trials import KINDS, SCENARIOS, TRIAL_KINDS, UPDATE_TARGETS
 from testbed.spec.vocabulary import (
     BACKENDS,
@@ -56,7 +61,7 @@ from testbed.spec.workload import (
 )
 
 TOP_FIELDS = ("name", "seed", "templates", "description", "kind", "options", "execution",
-              "grid")
+              "networks", "grid")
 EXECUTION_FIELDS = ("cluster", "jobs", "allow_mixed_backends")
 MAX_BATCHES = 100
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -74,7 +79,7 @@ def load_campaign(name_or_path: str | Path) -> Campaign:
     text = str(name_or_path)
     path = Path(text)
     if path.is_file():
-        return _parse_text(path.read_text(), str(path))
+        return _parse_text(path.read_text(), str(path), base_dir=path.resolve().parent)
     presets = preset_names()
     if text in presets:
         preset = resources.files(PRESETS_PACKAGE) / "presets" / f"{text}.toml"
@@ -84,16 +89,22 @@ def load_campaign(name_or_path: str | Path) -> Campaign:
     raise CampaignError(f"campaign: {text!r} is {kind}; presets: {', '.join(presets)}")
 
 
-def _parse_text(text: str, source: str) -> Campaign:
+def _parse_text(text: str, source: str, *, base_dir: Path | None = None) -> Campaign:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise CampaignError(f"{source}: invalid TOML: {exc}") from None
-    return parse_campaign(data, source=source)
+    return parse_campaign(data, source=source, base_dir=base_dir)
 
 
-def parse_campaign(data: Mapping[str, Any], *, source: str = "<campaign>") -> Campaign:
-    """Validate a decoded campaign table (see docs/campaigns.md for the format)."""
+def parse_campaign(data: Mapping[str, Any], *, source: str = "<campaign>",
+                   base_dir: Path | None = None, check_files: bool = True) -> Campaign:
+    """Validate a decoded campaign table (see docs/campaigns.md for the format).
+
+    ``base_dir``: where relative trace paths of ``[networks]`` start (the campaign
+    file's folder). Without ``check_files`` trace files are neither read nor checked
+    against the grid (reading back a manifest's campaign for its cells).
+    """
     _no_unknown(data, TOP_FIELDS, "campaign")
     for required in ("name", "seed", "templates", "grid"):
         if required not in data:
@@ -113,18 +124,25 @@ def parse_campaign(data: Mapping[str, Any], *, source: str = "<campaign>") -> Ca
     kind = _choice(data.get("kind", KINDS[0]), "kind", KINDS)
     options = _options(data.get("options", {}))
     execution = _execution(data.get("execution", {}))
+    networks = parse_networks(data.get("networks", {}), base_dir=base_dir,
+                              check_files=check_files)
+    allowed = (*network_names(), *networks)
     raw_grid = data["grid"]
     grids: tuple[dict[str, tuple[Any, ...]], ...]
     if isinstance(raw_grid, Mapping):
-        grids = (_grid(raw_grid, "grid", kind),)
+        grids = (_grid(raw_grid, "grid", allowed, kind),)
     elif isinstance(raw_grid, list) and raw_grid and all(isinstance(g, Mapping)
                                                          for g in raw_grid):
-        grids = tuple(_grid(g, f"grid[{i}]", kind) for i, g in enumerate(raw_grid))
+        grids = tuple(_grid(g, f"grid[{i}]", allowed, kind) for i, g in enumerate(raw_grid))
     else:
         raise CampaignError("grid: expected a [grid] table or [[grid]] tables")
-    return Campaign(name=name, seed=int(seed), templates=tuple(templates), grids=grids,
-                    options=options, description=description, source=source, kind=kind,
-                    execution=execution)
+    campaign = Campaign(name=name, seed=int(seed), templates=tuple(templates), grids=grids,
+                        options=options, description=description, source=source, kind=kind,
+                        execution=execution, networks=networks)
+    if check_files:
+        check_against_grid(campaign)
+        check_backend(campaign, options.backend)
+    return campaign
 
 
 def _execution(value: Any) -> Execution:
@@ -190,6 +208,11 @@ def _options(value: Any) -> Options:
     for key in ("delay_ms", "effect_delay_s"):
         if key in value:
             out[key] = _number(value[key], f"options.{key}", "a number >= 0", lo=0)
+    if "link_log" in value:
+        if not isinstance(value["link_log"], bool):
+            raise CampaignError(f"options.link_log: {_fmt_value(value['link_log'])} is not "
+                                "allowed; allowed: true, false")
+        out["link_log"] = value["link_log"]
     for key, choices in (("durability", DURABILITY), ("backend", BACKENDS),
                          ("derivation", DERIVATIONS)):
         if key in value:
@@ -197,7 +220,7 @@ def _options(value: Any) -> Options:
     return Options(**out)
 
 
-def _grid(raw: Mapping[str, Any], where: str, kind: str = KINDS[0]
+def _grid(raw: Mapping[str, Any], where: str, networks: Sequence[str], kind: str = KINDS[0]
           ) -> dict[str, tuple[Any, ...]]:
     names = (*GRID_FIELDS, *EXTRA_FIELDS, *STUDY_FIELDS[kind])
     for name in raw:
@@ -213,7 +236,7 @@ def _grid(raw: Mapping[str, Any], where: str, kind: str = KINDS[0]
     for name in names:
         defaults = GRID_DEFAULTS.get(name, STUDY_DEFAULTS.get(name, ()))
         values = _as_list(raw[name], f"{where}.{name}") if name in raw else list(defaults)
-        grid[name] = tuple(_grid_value(name, v, f"{where}.{name}") for v in values)
+        grid[name] = tuple(_grid_value(name, v, f"{where}.{name}", networks) for v in values)
         _no_duplicates(list(grid[name]), f"{where}.{name}")
     if kind in TRIAL_KINDS:
         for name in TRIAL_FIXED:
@@ -227,11 +250,11 @@ def _grid(raw: Mapping[str, Any], where: str, kind: str = KINDS[0]
     return grid
 
 
-def _grid_value(name: str, value: Any, where: str) -> Any:
+def _grid_value(name: str, value: Any, where: str, networks: Sequence[str]) -> Any:
     if name == "policy":
         return _policy(value, where)
     if name == "network":
-        return _choice(value, where, network_names())
+        return _choice(value, where, networks)
     if name == "connection":
         return _choice(value, where, CONNECTIONS)
     if name == "tier":
@@ -325,8 +348,9 @@ def recorded_campaign(config: Mapping[str, Any], *, source: str = "<manifest>") 
     """The campaign a manifest's ``config`` describes, for its cells and templates.
 
     Options are left out: the manifest stores every option, unset ones as None, which a
-    campaign file may not say, and options shape neither cells nor schedules."""
-    return parse_campaign({**config, "options": {}}, source=source)
+    campaign file may not say, and options shape neither cells nor schedules. Trace
+    files are not read (the run's manifest has their digests)."""
+    return parse_campaign({**config, "options": {}}, source=source, check_files=False)
 
 
 def campaign_from_config(config: Mapping[str, Any], *, source: str = "<config>") -> Campaign:

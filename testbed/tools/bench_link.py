@@ -2,8 +2,13 @@
 
 Measures request/response exchanges between two agent namespaces over each profile and
 puts them beside a prediction from the same link model replayed offline (no kernel, no
-TCP congestion window: the prediction is a floor for large replies), and the emulator's
+TCP congestion window: the prediction is a floor for large replies), and the backend's
 forwarding capacity (UDP packets/s it moves with under 1 ms one-way latency).
+
+``backend`` is ``userspace`` (the TUN emulator) or ``netem`` (kernel qdiscs), so the two
+can be compared case by case. What only one backend has is None for the other: the
+emulator's release lateness and real-time priority (``emulator_*``) for userspace, the
+trace replay's rate-change lateness and skipped steps (``replay_*``) for netem.
 
 The request/response probe is ``testbed.tools.echo_probe``.
 """
@@ -27,10 +32,11 @@ from typing import Any
 import trio
 
 from testbed.host.kernel import socket_in_netns
-from testbed.links.model import DirectionSpec, LinkQueue, direction_spec
+from testbed.links.model import DirectionSpec, cross_queues, direction_spec
 from testbed.links.profiles import NetworkProfile, get_profile
 from testbed.net.plan import Host
 from testbed.net.topology import Topology, open_topology
+from testbed.tools.bench_networks import bench_networks
 from testbed.tools.echo_probe import ECHO_PORT, open_echo_server, timed_exchanges
 
 TCP_IP_HEADER_BYTES = 52  # IPv4 20 + TCP 20 + timestamps option 12
@@ -50,22 +56,6 @@ def _packets(payload: int) -> list[int]:
     if rest:
         sizes.append(rest + TCP_IP_HEADER_BYTES)
     return sizes
-
-
-def _cross(queues: Sequence[LinkQueue], sizes: Sequence[int], t_ms: float) -> float:
-    """Send packets of SIZES at T_MS through QUEUES in series; time the last one exits."""
-    items = [(t_ms, i) for i in range(len(sizes))]
-    for q in queues:
-        for t, i in items:
-            q.offer(i, sizes[i], t)
-        out: list[tuple[float, Any]] = []
-        while len(out) < len(items):
-            nxt = q.next_event_ms()
-            if nxt is None:
-                break  # a packet was dropped: the model cannot say more
-            out.extend(q.advance(nxt))
-        items = [(t, i) for t, i in out]
-    return max(t for t, _ in items) if items else t_ms
 
 
 def predict_exchanges(
@@ -91,10 +81,10 @@ def predict_exchanges(
     for start_s in starts_s:
         t = start_s * 1000.0
         if fresh:
-            t = _cross([a_up, b_down], [60], t)
-            t = _cross([b_up, a_down], [60], t)
-        t = _cross([a_up, b_down], _packets(request_bytes), t)
-        t = _cross([b_up, a_down], _packets(reply_bytes), t + TURNAROUND_MS)
+            t = cross_queues([a_up, b_down], [60], t)
+            t = cross_queues([b_up, a_down], [60], t)
+        t = cross_queues([a_up, b_down], _packets(request_bytes), t)
+        t = cross_queues([b_up, a_down], _packets(reply_bytes), t + TURNAROUND_MS)
         out.append(t - start_s * 1000.0)
     return out
 
@@ -165,7 +155,7 @@ async def measure_capacity(
     *,
     duration_s: float = 0.5,
     trials: int = 2,
-) -> tuple[int, list[dict[str, float]]]:
+) -> tuple[int, list[dict[str, float | None]]]:
     """Highest offered rate delivered >= 99% with p99 one-way latency < 1 ms.
 
     Each rate gets up to TRIALS tries (a shared host's other load can spoil one);
@@ -173,7 +163,7 @@ async def measure_capacity(
     """
     a, b = topo.hosts["a"], topo.hosts["b"]
     best = 0
-    rows: list[dict[str, float]] = []
+    rows: list[dict[str, float | None]] = []
     port = ECHO_PORT + 100
     for rate in rates_pps:
         passed = False
@@ -184,23 +174,48 @@ async def measure_capacity(
                 _udp_blast, a, b, rate, duration_s, port
             )
             stats = await topo.link_statistics()
-            row = {
+            row: dict[str, float | None] = {
                 "offered_pps": float(rate),
                 "trial": float(trial),
                 "sent": float(sent),
                 "received": float(received),
                 "p50_ms": round(_percentile(lat, 0.5), 4),
                 "p99_ms": round(_percentile(lat, 0.99), 4),
-                "emulator_late_p99_ms": stats["late_p99_ms"],
+                **link_health(topo.backend, stats),
             }
             rows.append(row)
-            if received >= 0.99 * sent and row["p99_ms"] < 1.0:
+            if received >= 0.99 * sent and _percentile(lat, 0.99) < 1.0:
                 best = max(best, int(sent / duration_s))
                 passed = True
                 break
         if not passed:
             break
     return best, rows
+
+
+def link_health(backend: str, stats: dict[str, float]) -> dict[str, float | None]:
+    """The backend's own figures for a case; None where they do not apply (module doc)."""
+    emulator = backend == "userspace"
+    replay = backend == "netem"
+    return {
+        "emulator_late_p99_ms": stats["late_p99_ms"] if emulator else None,
+        "emulator_realtime": stats["realtime"] if emulator else None,
+        "replay_late_p99_ms": stats["late_p99_ms"] if replay else None,
+        "replay_late_max_ms": stats["late_max_ms"] if replay else None,
+        "replay_steps_skipped": stats["steps_skipped"] if replay else None,
+    }
+
+
+def _cpu_model() -> str:
+    """The CPU's model name (a TCG guest says "QEMU Virtual CPU ...")."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
 
 
 # ---------------------------------------------------------------- the benchmark
@@ -231,12 +246,18 @@ def _summary(measured: Sequence[float], predicted: Sequence[float]) -> dict[str,
 
 
 @contextlib.contextmanager
-def _probe_priority(priority: int = 5) -> Iterator[bool]:
+def _probe_priority(priority: int = 5, *, enabled: bool = True) -> Iterator[bool]:
     """Run the probe (client and server) at SCHED_FIFO below the emulator's priority.
 
     On a shared host other processes otherwise delay the probe's own wake-ups by
-    milliseconds, which would be charged to the link. Restored on exit.
+    milliseconds, which would be charged to the link. Restored on exit. Not for netem
+    (ENABLED false): there the kernel shapes in softirq context and the trace replay
+    runs in this very process, and a real-time probe competes with both (under an
+    emulated CPU it starved them: seconds of extra delay).
     """
+    if not enabled:
+        yield False
+        return
     try:
         previous = os.sched_getscheduler(0), os.sched_getparam(0)
         os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(priority))
@@ -250,30 +271,35 @@ def _probe_priority(priority: int = 5) -> Iterator[bool]:
 
 
 async def bench_link(
-    json_path: Path | None, console: Any, *, count: int = 10, max_case_s: float = 8.0
+    json_path: Path | None, console: Any, *, backend: str = "userspace", count: int = 10,
+    max_case_s: float = 8.0,
 ) -> dict[str, Any]:
-    """Run every case; print a line per case; write JSON to JSON_PATH if given (~2 min)."""
-    with _probe_priority() as realtime_probe:
-        result = await _bench(console, count=count, max_case_s=max_case_s)
+    """Run every case on BACKEND; print a line per case; write JSON to JSON_PATH if
+    given (~2 min)."""
+    with _probe_priority(enabled=backend == "userspace") as realtime_probe:
+        result = await _bench(console, backend=backend, count=count, max_case_s=max_case_s)
     result["machine"]["realtime_probe"] = realtime_probe
-    result["command"] = "sudo .venv/bin/testbed bench link --json FILE"
+    result["command"] = f"sudo .venv/bin/testbed bench link --backend {backend} --json FILE"
     if json_path is not None:
         await trio.Path(json_path).write_text(json.dumps(result, indent=2) + "\n")
     return result
 
 
-async def _bench(console: Any, *, count: int, max_case_s: float) -> dict[str, Any]:
+async def _bench(console: Any, *, backend: str, count: int, max_case_s: float,
+                 ) -> dict[str, Any]:
     started = time.monotonic()
     result: dict[str, Any] = {
+        "backend": backend,
         "machine": {
             "kernel": platform.release(),
             "cpus": os.cpu_count(),
+            "cpu": _cpu_model(),
             "python": platform.python_version(),
         },
         "cases": {},
     }
     for bp in bench_profiles():
-        async with open_topology(bp.profile, ["a", "b"], backend="userspace") as topo:
+        async with open_topology(bp.profile, ["a", "b"], backend=backend) as topo:
             a, b = topo.hosts["a"], topo.hosts["b"]
             up = direction_spec(bp.profile.link, "up")
             down = direction_spec(bp.profile.link, "down")
@@ -289,10 +315,8 @@ async def _bench(console: Any, *, count: int, max_case_s: float) -> dict[str, An
                         )
                         pred = predict_exchanges(up, down, starts, req, rep, fresh=fresh)
                         name = f"{bp.key}_{req}_{rep}_{'fresh' if fresh else 'persistent'}"
-                        row = _summary(ms, pred)
-                        stats = await topo.link_statistics()
-                        row["emulator_late_p99_ms"] = stats["late_p99_ms"]
-                        row["emulator_realtime"] = stats["realtime"]
+                        row: dict[str, float | None] = {**_summary(ms, pred)}
+                        row.update(link_health(topo.backend, await topo.link_statistics()))
                         result["cases"][name] = row
                         console.print(
                             f"{name:40s} p50 {row['p50_ms']:9.2f}  p99 {row['p99_ms']:9.2f}  "
@@ -302,14 +326,17 @@ async def _bench(console: Any, *, count: int, max_case_s: float) -> dict[str, An
     result["fixed20_rtt_p50_ms"] = base["p50_ms"]
     result["fixed20_rtt_p99_ms"] = base["p99_ms"]
     zero = get_profile("fixed", delay_ms=0.0)
-    async with open_topology(zero, ["a", "b"], backend="userspace") as topo:
+    async with open_topology(zero, ["a", "b"], backend=backend) as topo:
         pps, rows = await measure_capacity(topo)
-    result["emulator_pps"] = pps
+    result["forwarding_pps"] = pps
+    result["emulator_pps"] = pps if backend == "userspace" else None
     result["capacity_sweep"] = rows
+    result["networks"] = await bench_networks(console, measure_capacity=measure_capacity)
+    result["emulator_pps_logging"] = result["networks"]["emulator_pps_logging"]
     result["wall_s"] = round(time.monotonic() - started, 1)
     console.print(
-        f"fixed20 rtt p50 {result['fixed20_rtt_p50_ms']:.2f} ms, "
-        f"p99 {result['fixed20_rtt_p99_ms']:.2f} ms; emulator {pps} packets/s; "
+        f"{backend}: fixed20 rtt p50 {result['fixed20_rtt_p50_ms']:.2f} ms, "
+        f"p99 {result['fixed20_rtt_p99_ms']:.2f} ms; forwarding {pps} packets/s; "
         f"{result['wall_s']} s"
     )
     return result

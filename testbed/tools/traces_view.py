@@ -46,7 +46,9 @@ def traces_list(console: Console) -> None:
     if not catalogue:
         console.print(f"no traces found in {trace_dir()} (*.up / *.down files)")
         return
-    table = Table(title=f"traces in {trace_dir()}")
+    # the folder on a line of its own: a long path must not be cut like a table title
+    console.print(f"traces in {trace_dir()}", soft_wrap=True, markup=False, highlight=False)
+    table = Table()
     table.add_column("name")
     table.add_column("direction")
     table.add_column("length s", justify="right")

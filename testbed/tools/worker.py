@@ -45,7 +45,7 @@ async def serve_worker(scheduler: str, *, lanes: int, name: str | None = None) -
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     nanny: Any = Nanny(scheduler, nthreads=lanes, resources={"lanes": lanes}, name=name,
-                       dashboard_address=None)
+                       dashboard_address=":0")
     try:
         await nanny
         finished = asyncio.ensure_future(nanny.finished())

@@ -17,14 +17,15 @@ def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
                           capture_output=True, timeout=120, check=False)
 
 
-@pytest.mark.parametrize("argv", [[], ["traces"], ["bench"], ["run"]])
+@pytest.mark.parametrize("argv", [[], ["traces"], ["bench"], ["run"], ["networks"], ["check"]])
 def test_missing_arguments_are_usage_errors(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         build_parser().parse_args(argv)
     assert exc.value.code == 2
 
 
-@pytest.mark.parametrize("command", ["doctor", "traces", "run", "report", "clean", "bench"])
+@pytest.mark.parametrize("command", ["doctor", "traces", "networks", "check", "run", "report",
+                                     "clean", "bench"])
 def test_every_command_has_help(command: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         main([command, "--help"])
@@ -170,3 +171,54 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
         main(["--version"])
     assert exc.value.code == 0
     assert capsys.readouterr().out.startswith("testbed ")
+
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "mixed-team" / "campaign.toml"
+_NOT_ROOT = ("import os, sys; os.geteuid = lambda: 1000; from testbed.cli import main; "
+             "sys.exit(main(sys.argv[1:]))")
+
+
+@pytest.mark.parametrize("argv", [["check", str(EXAMPLE)],
+                                  ["run", str(EXAMPLE), "--dry-run", "--out", "o"]])
+def test_check_and_dry_run_print_the_plan_and_create_nothing(tmp_path: Path,
+                                                             argv: list[str]) -> None:
+    # as a non-root user (euid 1000): a run that went on to build anything would stop with
+    # "needs root" (exit 3) before creating it
+    proc = subprocess.run([sys.executable, "-c", _NOT_ROOT, *argv], cwd=tmp_path, text=True,
+                          capture_output=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    for fragment in ("2 cells x 2 templates = 4 episodes", "network field (defined in the "
+                     "campaign)", "hosts.1: up 13.3 Mbit/s (TMobile-LTE-short.up)",
+                     "hosts.central: up 100 Mbit/s; down 100 Mbit/s; delay 2 ms",
+                     "agent to agent 80-180 ms", "agent to central 44-144 ms",
+                     "netem refuses: network field, host a2: delay_trace",
+                     "estimated wall time: about", "nothing was created"):
+        assert fragment in out, (fragment, out)
+    assert list(tmp_path.iterdir()) == []  # no run directory, no results/
+
+
+def test_networks_list_and_show(tmp_path: Path) -> None:
+    listing = _run("networks", "list", "--campaign", str(EXAMPLE), cwd=tmp_path)
+    assert listing.returncode == 0, listing.stderr
+    for name in ("loopback", "fixed", "att", "tmobile", "field"):
+        assert name in listing.stdout
+    shown = _run("networks", "show", "field", "--campaign", str(EXAMPLE), "--plot", "f.png",
+                 cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert "[networks.field]" in shown.stdout
+    assert "[networks.field.hosts.central]" in shown.stdout
+    assert "rate_kbit = 100000" in shown.stdout
+    assert (tmp_path / "f.png").read_bytes().startswith(b"\x89PNG")
+    att = _run("networks", "show", "att", cwd=tmp_path)
+    assert 'up_trace = "ATT-LTE-driving.up"' in att.stdout
+    assert "longest outage 78.3 s" in att.stdout
+    _one_line(_run("networks", "show", "mars", cwd=tmp_path), 2, "network: unknown profile")
+
+
+def test_packet_logs_on_a_cluster_are_refused_before_anything_starts(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-c", _NOT_ROOT, "run", str(EXAMPLE), "--out", "o",
+                           "--cluster", "tcp://127.0.0.1:1"], cwd=tmp_path, text=True,
+                          capture_output=True, timeout=120, check=False)
+    _one_line(proc, 2, "options.link_log: packet logs are written by runs in this process")
+    assert list(tmp_path.iterdir()) == []

@@ -8,11 +8,10 @@ import struct
 
 import pytest
 
+from testbed.links.core import EmulatorCore, HostLinks
 from testbed.links.model import (
     PACKET_BYTES,
     DirectionSpec,
-    EmulatorCore,
-    HostLinks,
     LinkQueue,
     RateOpportunities,
     TraceOpportunities,

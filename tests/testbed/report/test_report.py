@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from testbed.report import figures
 from testbed.report.build import build_report
 from testbed.report.figures import traces_figure
 from testbed.report.load import load_run
@@ -540,3 +541,97 @@ def test_lowest_stall_cells_match_pandas(mixed: tuple[SyntheticRun, Path, dict[s
         assert cell["runner_up"] == medians.index[1]
         assert cell["ratio"] == pytest.approx(medians.iloc[1] / medians.iloc[0])
         assert bool(cell["tie"]) == (medians.iloc[1] - medians.iloc[0] < 0.1 * medians.iloc[1])
+
+
+# --- links: health lines, flagged episodes, link plots from packet logs ----------------------
+
+
+def _write_log(path: Path, *, rate_opps_per_ms: int, packets: int) -> None:
+    """A Mahimahi-format log written by the emulator's own writer."""
+    import io
+
+    from testbed.links.linklog import LinkLog
+    from testbed.links.model import LinkQueue, TraceOpportunities
+
+    opps = TraceOpportunities([1] * rate_opps_per_ms, 1)
+    q = LinkQueue(opps, queue_packets=1000)
+    handle = io.StringIO()
+    q.log = LinkLog(handle, origin_ms=0.0, opportunities=opps, header=["test"])
+    for i in range(packets):
+        q.offer(i, 1500, i * 0.5)
+        q.advance(i * 0.5)
+    q.advance(packets + 10.0)
+    path.write_text(handle.getvalue())
+
+
+def _linked_run(tmp_path: Path) -> Path:
+    from testbed.report.link_figures import LATE_LIMIT_MS
+
+    data = make_campaign("ln", [{"policy": ["planfence"], "network": ["att", "loopback"]}])
+    ep = data.episodes
+    att = ep["network"] == "att"
+    ep["link_up_qdelay_p50_ms"] = np.where(att, 3.0, np.nan)
+    ep["link_up_qdelay_p95_ms"] = np.where(att, 9.0, np.nan)
+    ep["link_down_qdelay_p50_ms"] = np.where(att, 1.0, np.nan)
+    ep["link_down_qdelay_p95_ms"] = np.where(att, 2.0, np.nan)
+    ep["link_up_utilisation"] = np.where(att, 0.25, np.nan)
+    ep["link_down_utilisation"] = np.where(att, 0.1, np.nan)
+    ep["link_up_drops"] = 0
+    ep["link_down_drops"] = 0
+    ep["emulator_late_p99_ms"] = np.where(att, 0.1, np.nan)
+    ep["emulator_late_max_ms"] = np.where(att, 0.3, np.nan)
+    first = ep[att].index[0]
+    ep.loc[first, "emulator_late_p99_ms"] = LATE_LIMIT_MS + 2.5
+    ep.loc[first, "emulator_late_max_ms"] = 12.0
+    logged = ep.loc[first, "episode"]
+    folder = f"links/{str(logged).replace('/', '~')}"
+    ep["link_log"] = None
+    ep.loc[first, "link_log"] = folder
+    run = data.write(tmp_path / "run")
+    (run / folder).mkdir(parents=True)
+    for host in ("a0", "a1"):
+        _write_log(run / folder / f"{host}.up.log", rate_opps_per_ms=1, packets=400)
+        _write_log(run / folder / f"{host}.down.log", rate_opps_per_ms=2, packets=400)
+    return run
+
+
+def test_report_flags_late_episodes_and_draws_the_link_plots(tmp_path: Path) -> None:
+    run = _linked_run(tmp_path)
+    summary = build_report(run, draws=50)
+    episodes = load_run(run).episodes
+    flagged = episodes.loc[episodes["emulator_late_p99_ms"].idxmax(), "episode"]
+    text = summary["report_md"].read_text()
+    assert "## Links" in text
+    assert f"FLAGGED {flagged}: emulator lateness p99 3.50 ms, max 12.00 ms" in text
+    assert "att: median over" in text
+    assert "queueing delay p50/p95 up 3/9 ms" in text
+    stems = {p.stem for p in summary["figures"]}
+    assert "fig_link_att" in stems
+    assert "fig_link_loopback" not in stems  # nothing logged there
+    png = run / "figures" / "fig_link_att.png"
+    assert png.read_bytes().startswith(b"\x89PNG")
+
+
+def test_report_episode_choice(tmp_path: Path) -> None:
+    run = _linked_run(tmp_path)
+    logged = load_run(run).episodes.dropna(subset=["link_log"]).iloc[0]["episode"]
+    summary = build_report(run, draws=50, episode=str(logged))
+    assert "fig_link_episode" in {p.stem for p in summary["figures"]}
+    other = build_report(run, draws=50, episode="no/such")
+    assert any(n.startswith("link plots: episode no/such has no link log") for n in
+               other["notes"])
+
+
+def test_trace_figure_plots_the_recorded_files(tmp_path: Path) -> None:
+    (tmp_path / "mine.up").write_text("1\n")  # 12 Mbit/s
+    data = make_campaign("tf", [{"policy": ["planfence"], "network": ["att"]}])
+    data.manifest["networks"] = {"att": {"files": [
+        {"role": "up_trace", "path": str(tmp_path / "mine.up"), "ref": "mine.up",
+         "host": "central", "trace_offset_s": 2.0}]}}
+    run = load_run(data.write(tmp_path / "run"))
+    spec = figures.trace_specs(run)["att"]["traces"]
+    assert spec == [{"ref": "mine.up", "label": "mine.up (host central)", "direction": "up",
+                     "path": str(tmp_path / "mine.up"), "offset_s": 2.0}]
+    paths, notes = traces_figure(run, tmp_path / "figs")
+    assert notes == []
+    assert [p.suffix for p in paths] == [".png", ".svg"]

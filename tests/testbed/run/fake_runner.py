@@ -118,7 +118,7 @@ class FakeRunner:
                 "action": act.action, "outcome": "released", "invalid": unsafe and changed,
                 "complete": not (unsafe and changed), "replans": int(changed and not unsafe),
                 "stall_ms": 5.0 + 3.0 * int(changed), "bytes": 1024 * (1 + cell.deps),
-                "connections": 1, "block_reason": None}
+                "connections": 1, "block_reason": None, "rpc_timeouts": 0}
             if self.bad_rows:
                 del row["stall_ms"]
             rows.append(row)
@@ -127,7 +127,8 @@ class FakeRunner:
                    "stall_action_ms": sum(r.get("stall_ms", 0) for r in rows),
                    "stall_barrier_ms": 0.0, "stall_commit_ms": 0.0,
                    "kib_per_action": sum(r["bytes"] for r in rows) / 1024 / n,
-                   "connections": n, "link_bytes": sum(r["bytes"] for r in rows) + 40 * n,
+                   "connections": n, "rpc_timeouts": 0,
+                   "link_bytes": sum(r["bytes"] for r in rows) + 40 * n,
                    "congestion_control": "cubic"}
         return EpisodeResult(rows, episode)
 

@@ -20,7 +20,7 @@ from testbed.results.schema import ACTION_COLUMNS, EPISODE_COLUMNS, ResultRowErr
 from testbed.results.summary import summary_frame
 from testbed.run.loop import run_campaign
 from testbed.spec.campaign import CampaignError, episode_key
-from testbed.spec.parse import parse_campaign
+from testbed.spec.parse import load_campaign, parse_campaign
 from tests.testbed.run.fake_runner import (
     REPO,
     SMALL,
@@ -120,6 +120,27 @@ async def test_resume_refuses_a_different_campaign(tmp_path: Path) -> None:
     other = parse_campaign({**SMALL, "seed": 12})
     with pytest.raises(CampaignError, match=r"^--resume: .* different campaign \(field seed\)"):
         await run_small(other, tmp_path, FakeRunner(), resume=True)
+
+
+async def test_resume_refuses_a_run_whose_trace_file_changed(tmp_path: Path) -> None:
+    (tmp_path / "own.up").write_text("1\n")
+    (tmp_path / "own.down").write_text("1\n")
+    text = ('name = "own"\nseed = 2\ntemplates = 1\n[networks.mine]\nup_trace = "own.up"\n'
+            'down_trace = "own.down"\n[grid]\npolicy = ["planfence"]\nnetwork = ["mine"]\n'
+            'agents = [3]\nunits = [16]\n')
+    (tmp_path / "c.toml").write_text(text)
+    out = tmp_path / "out"
+    campaign = load_campaign(tmp_path / "c.toml")
+    await run_small(campaign, out, FakeRunner())
+    manifest = RunDir(out).read_manifest()
+    files = manifest["networks"]["mine"]["files"]
+    assert [(f["role"], f["size"]) for f in files] == [("up_trace", 2), ("down_trace", 2)]
+    assert manifest["config"]["networks"]["mine"]["up_trace"] == str(tmp_path / "own.up")
+    await run_small(campaign, out, FakeRunner(), resume=True)  # unchanged: resumes
+    (tmp_path / "own.down").write_text("1\n1\n")
+    with pytest.raises(CampaignError, match=r"^--resume: networks\.mine\.down_trace: .*own\."
+                       r"down changed since the run started \(sha256 "):
+        await run_small(load_campaign(tmp_path / "c.toml"), out, FakeRunner(), resume=True)
 
 
 async def test_aborted_episode_is_recorded_without_imputation(tmp_path: Path) -> None:
@@ -224,7 +245,7 @@ async def test_a_directory_holds_one_run_at_a_time(tmp_path: Path) -> None:
     holder = RunDir(fresh)
     holder.open()  # only the lock file and empty folders: still an empty run directory
     try:
-        assert RunDir(fresh).is_empty() is False  # folders were created ...
+        assert RunDir(fresh).is_empty() is True  # no manifest, no episode: nothing to keep ...
         with pytest.raises(RunDirError, match=r"in use by another `testbed run` \(pid "
                                               rf"{os.getpid()}\)"):
             RunDir(fresh).open()
@@ -330,7 +351,7 @@ import trio
 from rich.console import Console
 from testbed.results import atomic
 from testbed.run.loop import run_campaign
-from testbed.spec.parse import parse_campaign
+from testbed.spec.parse import load_campaign, parse_campaign
 from tests.testbed.run.fake_runner import SMALL, FakeRunner
 
 out, kill_at, at_commit = Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "commit"
@@ -381,3 +402,16 @@ async def test_sigkill_then_resume_loses_and_duplicates_nothing(tmp_path: Path,
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert [s.get("status") for s in manifest["sessions"]] == [None, "complete"]
 
+
+
+async def test_resume_of_a_run_killed_before_its_manifest_starts_afresh(tmp_path: Path) -> None:
+    """A controller SIGKILLed between opening the directory and writing its manifest
+    (seen by `testbed faults`, controller_kill) leaves a layout that --resume accepts."""
+    killed = RunDir(tmp_path / "run")
+    killed.open()
+    killed.close()
+    assert not killed.manifest_path.exists()
+    campaign = parse_campaign(SMALL)
+    runner = FakeRunner()
+    await run_small(campaign, tmp_path / "run", runner, resume=True)
+    assert runner.opened

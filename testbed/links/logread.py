@@ -1,0 +1,94 @@
+"""Reading Mahimahi-format link logs back (``testbed.links.linklog`` writes them): the
+series of a ``mm-throughput-graph``-like plot, throughput and capacity per bin and the
+queueing delay of every packet."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from testbed.links.linklog import PACKET_BYTES
+
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class LogEvents:
+    """One log as arrays (ms since the log start)."""
+
+    arrivals_ms: FloatArray
+    arrival_bytes: FloatArray
+    departures_ms: FloatArray
+    departure_bytes: FloatArray
+    delays_ms: FloatArray
+    opportunities_ms: FloatArray
+    drops_ms: FloatArray
+    header: dict[str, str]
+
+
+def read_log(path: Path | str) -> LogEvents:
+    """Parse a Mahimahi-format link log (lines it does not know are skipped)."""
+    cols: dict[str, list[float]] = {k: [] for k in ("+", "+b", "-", "-b", "delay", "#", "d")}
+    header: dict[str, str] = {}
+    with open(path, encoding="ascii", errors="replace") as handle:
+        for line in handle:
+            if line.startswith("#"):
+                key, _, value = line[1:].partition(":")
+                header[key.strip()] = value.strip()
+                continue
+            parts = line.split()
+            if len(parts) < 3:
+                continue
+            try:
+                t = float(parts[0])
+                kind = parts[1]
+                if kind == "+":
+                    cols["+"].append(t)
+                    cols["+b"].append(float(parts[2]))
+                elif kind == "-" and len(parts) >= 4:
+                    cols["-"].append(t)
+                    cols["-b"].append(float(parts[2]))
+                    cols["delay"].append(float(parts[3]))
+                elif kind == "#":
+                    cols["#"].append(t)
+                elif kind == "d":
+                    cols["d"].append(t)
+            except ValueError:
+                continue
+
+    def arr(key: str) -> FloatArray:
+        return np.asarray(cols[key], dtype=np.float64)
+
+    return LogEvents(arr("+"), arr("+b"), arr("-"), arr("-b"), arr("delay"), arr("#"),
+                     arr("d"), header)
+
+
+def link_series(events: LogEvents, *, bin_ms: float = 500.0) -> dict[str, Any]:
+    """Per-bin throughput and capacity (Mbit/s) and per-packet queueing delay.
+
+    Keys: ``t_s`` (bin starts), ``throughput_mbit``, ``capacity_mbit`` (None for an
+    unlimited link), ``delay_t_s``, ``delay_ms`` (one point per departure).
+    """
+    ends = [a[-1] for a in (events.arrivals_ms, events.departures_ms, events.opportunities_ms)
+            if a.size]
+    span = max(ends) if ends else 0.0
+    n_bins = int(span // bin_ms) + 1  # half-open bins; the last event falls inside
+    edges = np.arange(n_bins + 1, dtype=np.float64) * bin_ms
+    to_mbit = 8.0 / (bin_ms * 1000.0)  # bytes per bin -> Mbit/s
+    throughput, _ = np.histogram(events.departures_ms, bins=edges,
+                                 weights=events.departure_bytes)
+    capacity = None
+    if events.opportunities_ms.size:
+        counts, _ = np.histogram(events.opportunities_ms, bins=edges)
+        capacity = counts * PACKET_BYTES * to_mbit
+    return {
+        "t_s": edges[:-1] / 1000.0,
+        "throughput_mbit": throughput * to_mbit,
+        "capacity_mbit": capacity,
+        "delay_t_s": events.departures_ms / 1000.0,
+        "delay_ms": events.delays_ms,
+    }

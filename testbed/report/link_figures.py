@@ -1,0 +1,177 @@
+"""What the links did: per-episode link columns, the host's disturbance, link plots.
+
+- :func:`link_health_lines`: per network, medians of the episodes' queueing delay,
+  utilisation and drops, and every episode whose emulator released packets late by
+  more than :data:`LATE_LIMIT_MS` at p99 (``emulator_late_p99_ms``): the host disturbed
+  that episode's timing, and its stall is suspect.
+- :func:`link_figures`: for one episode (``--episode KEY``) or the first logged one of
+  each network, throughput against capacity and every packet's queueing delay over
+  time, per host and direction, from the episode's Mahimahi-format logs (``[options]
+  link_log = true``), like ``mm-throughput-graph`` and ``mm-delay-graph``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from testbed.links.logread import link_series, read_log
+from testbed.report import slicing
+from testbed.report.figures import save
+from testbed.report.load import Run
+
+LATE_LIMIT_MS = 1.0
+MAX_HOST_ROWS = 8
+
+
+def bin_ms_for(times_ms: np.ndarray) -> float:
+    """mm-throughput-graph's 500 ms bins, finer for episodes shorter than 30 s."""
+    span = float(times_ms.max()) if times_ms.size else 0.0
+    return 500.0 if span > 30_000 else 100.0
+
+
+def late_episodes(run: Run) -> pd.DataFrame:
+    """Episodes whose emulator p99 release lateness exceeded LATE_LIMIT_MS."""
+    ep = run.episodes
+    if "emulator_late_p99_ms" not in ep:
+        return ep.iloc[0:0]
+    late = ep[ep["emulator_late_p99_ms"].astype(float) > LATE_LIMIT_MS]
+    return late.sort_values("emulator_late_p99_ms", ascending=False)
+
+
+def _median(frame: pd.DataFrame, column: str) -> float:
+    if column not in frame:
+        return math.nan
+    values = frame[column].dropna().astype(float)
+    return float(values.median()) if len(values) else math.nan
+
+
+def _fmt(value: float, unit: str = "") -> str:
+    return "-" if math.isnan(value) else f"{value:.3g}{unit}"
+
+
+def link_health_lines(run: Run) -> list[str]:
+    """Report lines (Markdown list items without the dash)."""
+    ep = run.episodes[~run.episodes["aborted"]]
+    lines: list[str] = []
+    if "link_up_qdelay_p50_ms" not in ep or ep["link_up_qdelay_p50_ms"].isna().all():
+        lines.append("No per-episode link statistics in this run (loopback only, the netem "
+                     "backend, or a run recorded before they existed).")
+    else:
+        for net in slicing.networks(ep):
+            part = ep[ep["network"] == net]
+            if part["link_up_qdelay_p50_ms"].isna().all():
+                continue
+            lines.append(
+                f"{net}: median over {len(part)} episodes of queueing delay p50/p95 up "
+                f"{_fmt(_median(part, 'link_up_qdelay_p50_ms'))}/"
+                f"{_fmt(_median(part, 'link_up_qdelay_p95_ms'), ' ms')}, down "
+                f"{_fmt(_median(part, 'link_down_qdelay_p50_ms'))}/"
+                f"{_fmt(_median(part, 'link_down_qdelay_p95_ms'), ' ms')}; utilisation up "
+                f"{_fmt(_median(part, 'link_up_utilisation'))}, down "
+                f"{_fmt(_median(part, 'link_down_utilisation'))}; drops up "
+                f"{_fmt(_median(part, 'link_up_drops'))}, down "
+                f"{_fmt(_median(part, 'link_down_drops'))}; emulator lateness p99 "
+                f"{_fmt(_median(part, 'emulator_late_p99_ms'), ' ms')}")
+    late = late_episodes(run)
+    if late.empty and "emulator_late_p99_ms" in ep and ep["emulator_late_p99_ms"].notna().any():
+        lines.append(f"No episode's emulator released packets more than {LATE_LIMIT_MS:g} ms "
+                     "late at p99: the host did not disturb the links.")
+    for row in late.to_dict("records"):
+        lines.append(f"FLAGGED {row['episode']}: emulator lateness p99 "
+                     f"{float(row['emulator_late_p99_ms']):.2f} ms, max "
+                     f"{float(row.get('emulator_late_max_ms') or math.nan):.2f} ms "
+                     f"(> {LATE_LIMIT_MS:g} ms: the host disturbed this episode's timing)")
+    return lines
+
+
+def _chosen(run: Run, episode: str | None) -> tuple[list[pd.Series], list[str]]:
+    ep = run.episodes
+    if "link_log" not in ep:
+        return [], ([] if episode is None else
+                    [f"link plots: episode {episode} has no link log in this run"])
+    logged = ep[ep["link_log"].notna()]
+    if episode is not None:
+        rows = logged[logged["episode"] == episode]
+        if rows.empty:
+            known = "; logged: " + ", ".join(logged["episode"].head(3)) if len(logged) else ""
+            return [], [f"link plots: episode {episode} has no link log in this run{known}"]
+        return [rows.iloc[0]], []
+    if logged.empty:
+        return [], []
+    return [logged[logged["network"] == net].sort_values("episode").iloc[0]
+            for net in slicing.networks(logged)], []
+
+
+def _host_logs(folder: Path) -> list[tuple[str, Path | None, Path | None]]:
+    hosts = sorted({p.name.split(".")[0] for p in folder.glob("*.log")},
+                   key=lambda h: (h == "central", h))
+    return [(h, folder / f"{h}.up.log" if (folder / f"{h}.up.log").exists() else None,
+             folder / f"{h}.down.log" if (folder / f"{h}.down.log").exists() else None)
+            for h in hosts]
+
+
+def _draw(axes: np.ndarray, row: int, host: str, side: str, path: Path | None) -> None:
+    rate_ax, delay_ax = axes[2 * row, 0 if side == "up" else 1], \
+        axes[2 * row + 1, 0 if side == "up" else 1]
+    if path is None:
+        rate_ax.set_title(f"{host} {side}: no log")
+        return
+    events = read_log(path)
+    series = link_series(events, bin_ms=bin_ms_for(events.departures_ms))
+    edges = np.append(series["t_s"], series["t_s"][-1] + (series["t_s"][1] - series["t_s"][0]
+                                                          if len(series["t_s"]) > 1 else 0.5))
+    if series["capacity_mbit"] is not None:
+        rate_ax.stairs(series["capacity_mbit"], edges, fill=True, alpha=0.3, color="#7f7f7f",
+                       label="capacity")
+    rate_ax.stairs(series["throughput_mbit"], edges, linewidth=1, color="#1f77b4",
+                   label="throughput")
+    rate_ax.set_title(f"{host} {'uplink' if side == 'up' else 'downlink'}", fontsize=9)
+    rate_ax.set_ylabel("Mbit/s", fontsize=8)
+    rate_ax.legend(fontsize=6, loc="upper right")
+    rate_ax.grid(True, alpha=0.3)
+    delay_ax.scatter(series["delay_t_s"], series["delay_ms"], s=1, color="#d62728")
+    delay_ax.set_ylabel("queueing delay ms", fontsize=8)
+    delay_ax.grid(True, alpha=0.3)
+
+
+def _episode_figure(run: Run, row: pd.Series, directory: Path, stem: str,
+                    ) -> tuple[list[Path], list[str]]:
+    folder = run.path / str(row["link_log"])
+    if not folder.is_dir():
+        return [], [f"link plots of {row['episode']}: {folder} is missing"]
+    hosts = _host_logs(folder)
+    notes = []
+    if len(hosts) > MAX_HOST_ROWS:
+        notes.append(f"link plots of {row['episode']}: first {MAX_HOST_ROWS} of "
+                     f"{len(hosts)} hosts drawn")
+        hosts = hosts[:MAX_HOST_ROWS]
+    if not hosts:
+        return [], [f"link plots of {row['episode']}: no log files in {folder}"]
+    figure = Figure(figsize=(11, 2.8 * len(hosts)), layout="constrained")
+    axes = figure.subplots(2 * len(hosts), 2, squeeze=False, sharex=True)
+    for i, (host, up, down) in enumerate(hosts):
+        _draw(axes, i, host, "up", up)
+        _draw(axes, i, host, "down", down)
+    for ax in axes[-1]:
+        ax.set_xlabel("time since episode start (s)")
+    figure.suptitle(f"{row['episode']}: throughput vs capacity and per-packet queueing "
+                    "delay", fontsize=10)
+    return save(figure, directory, stem), notes
+
+
+def link_figures(run: Run, directory: Path, *, episode: str | None = None,
+                 ) -> tuple[list[Path], list[str]]:
+    """Link plots (module docstring); returns (paths, notes)."""
+    rows, notes = _chosen(run, episode)
+    paths: list[Path] = []
+    for row in rows:
+        stem = "fig_link_episode" if episode is not None else f"fig_link_{row['network']}"
+        more, more_notes = _episode_figure(run, row, directory, stem)
+        paths += more
+        notes += more_notes
+    return paths, notes

@@ -1,0 +1,329 @@
+"""``testbed faults``: the fault suite (docs/reliability.md).
+
+Each fault kind runs ``trials`` short episodes (3 agents, 12 units, PlanFence, reused
+connections, ``rpc_timeout_s = 2``), one fault per episode at a seeded point:
+
+- ``node_kill``: SIGKILL one node; the episode must abort (``NodeDied``).
+- ``node_stop``: SIGSTOP one node for 3 s; it must abort as ``node_unresponsive``.
+- ``controller_kill``: SIGKILL ``testbed run`` (a child process) at a seeded time, then
+  ``--resume``; every episode must be there exactly once.
+- ``partition``: the emulator drops every packet of one host for 0.5-3 s.
+- ``corrupt`` / ``duplicate`` / ``reorder``: on one host's packets for 1-2 s (corruption
+  fixes the TCP checksum, so only the channel can reject it).
+- ``disk_full``: the file system holding the stores (a 32 MiB tmpfs in a private mount
+  namespace) is filled; the episode must abort naming the full disk.
+
+Link kinds run on the ``fixed`` profile (namespaces, userspace emulator; root), the
+others on loopback. Per kind: trials, completed, aborted, aborted with the expected
+reason (``expected_reason``; link faults may also just complete), episodes lost or
+duplicated, actions wrongly judged (``testbed.tools.fault_inject``), and processes,
+namespaces and files left behind.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import io
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import trio
+from rich.console import Console
+from rich.table import Table
+
+from testbed.errors import HostError, UserError
+from testbed.host.ledger import open_run_ledger, run_state_dir
+from testbed.host.processes import is_running
+from testbed.run.episode import EpisodeRunner
+from testbed.run.loop import run_campaign
+from testbed.spec.parse import parse_campaign
+from testbed.tools.fault_inject import (
+    FaultRunner,
+    Injector,
+    fill_disk,
+    kill_node,
+    link_fault,
+    stop_node,
+)
+
+KINDS = ("node_kill", "node_stop", "controller_kill", "partition", "corrupt", "duplicate",
+         "reorder", "disk_full")
+LINK_KINDS = ("partition", "corrupt", "duplicate", "reorder")
+#: The abort reasons a kind may give (substrings). A link fault may also just let the
+#: episode complete (TCP recovers, or the policy blocks); if it aborts, the reason
+#: must be the network's, never a node's.
+_NETWORK = ("RpcTimeout", "PeerUnavailable", "RemoteProtocolError", "IntegrityError")
+EXPECTED: dict[str, tuple[str, ...]] = {
+    "node_kill": ("NodeDied",), "node_stop": ("node_unresponsive",),
+    "disk_full": ("disk is full",), "controller_kill": (),
+    "partition": _NETWORK, "corrupt": _NETWORK, "duplicate": _NETWORK, "reorder": _NETWORK}
+DEFAULT_TRIALS = 20
+TMPFS_MIB = 32
+CLONE_NEWNS = 0x00020000
+
+
+@dataclass
+class KindResult:
+    kind: str
+    trials: int
+    completed: int
+    aborted: int
+    aborted_right_reason: int
+    lost: int
+    duplicated: int
+    wrongly_judged: int
+    processes_left: int
+    namespaces_left: int
+    files_left: int
+    wall_s: float
+    reasons: dict[str, int]
+
+
+def _campaign(kind: str, trials: int, seed: int) -> dict[str, Any]:
+    network = "fixed" if kind in LINK_KINDS else "loopback"
+    return {"name": f"faults-{kind}", "seed": seed, "templates": trials,
+            "options": {"rpc_timeout_s": 2, "episode_timeout_s": 60, "delay_ms": 5,
+                        "durability": "normal"},
+            "grid": {"policy": ["planfence"], "network": [network], "rho": [4],
+                     "keys": [6], "agents": [3], "connection": ["reuse"], "units": [12]}}
+
+
+def _files() -> set[str]:
+    tmp = Path(tempfile.gettempdir())
+    return {str(p) for pat in ("planfence-tb*", "pft-ctl-tb*") for p in tmp.glob(pat)}
+
+
+def _namespaces_of(prefixes: set[str]) -> int:
+    """Namespaces still there that one of this kind's topologies made (other runs on
+    the host are not counted)."""
+    netns = Path("/var/run/netns")
+    if not netns.is_dir() or not prefixes:
+        return 0
+    return sum(1 for p in netns.iterdir() if any(p.name.startswith(f"{x}-") for x in prefixes))
+
+
+def _tables(out: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    episodes = pd.read_parquet(out / "episodes.parquet")
+    actions_path = out / "actions.parquet"
+    actions = pd.read_parquet(actions_path) if actions_path.exists() else pd.DataFrame()
+    return episodes, actions
+
+
+def _reason_kind(reason: str) -> str:
+    """An abort reason without agent names and details: ``NodeOpError: plan: RpcTimeout``."""
+    parts = [p for p in reason.split(": ")
+             if not re.fullmatch(r"a\d+|central|node \w+ exited; first failure", p)]
+    if parts[0] in ("NodeDied", "node_unresponsive"):
+        return parts[0]  # the rest names the node and what the controller saw
+    return ": ".join(p.split(" ")[0] if i else p for i, p in enumerate(parts[:3]))
+
+
+def _count(kind: str, episodes: pd.DataFrame, expected_keys: set[str]) -> dict[str, Any]:
+    keys = Counter(episodes["episode"])
+    aborted = episodes[episodes["aborted"]]
+    want = EXPECTED[kind]
+    right = sum(1 for r in aborted["abort_reason"] if any(w in str(r) for w in want))
+    reasons = Counter(_reason_kind(str(r)) for r in aborted["abort_reason"])
+    return {"trials": len(expected_keys), "completed": int((~episodes["aborted"]).sum()),
+            "aborted": len(aborted), "aborted_right_reason": right,
+            "lost": len(expected_keys - set(keys)),
+            "duplicated": sum(n - 1 for n in keys.values() if n > 1),
+            "reasons": dict(reasons)}
+
+
+async def _in_process(kind: str, trials: int, seed: int, scratch: Path,
+                      disk_root: Path | None) -> tuple[dict[str, Any], int, int, int]:
+    campaign = parse_campaign(_campaign(kind, trials, seed), source=f"faults:{kind}")
+    inject: Injector
+    after = None
+    if kind == "node_kill":
+        inject = kill_node
+    elif kind == "node_stop":
+        inject = stop_node
+    elif kind == "disk_full":
+        assert disk_root is not None
+        inject = fill_disk(disk_root)
+
+        def after() -> None:
+            (disk_root / "filler").unlink(missing_ok=True)
+    else:
+        seconds = (0.5, 3.0) if kind == "partition" else (1.0, 2.0)
+        inject = link_fault(kind, seconds=seconds, rate=1.0 if kind == "partition" else 0.3)
+    out = scratch / kind
+    with open_run_ledger(str(out)) as ledger:
+        runner = FaultRunner(EpisodeRunner(campaign, workdir_root=disk_root, ledger=ledger,
+                                           backend="userspace" if kind in LINK_KINDS
+                                           else None),
+                             inject, seed=seed, after_episode=after)
+        await run_campaign(campaign, out, resume=False, runner=runner,
+                           console=Console(file=io.StringIO()))
+    episodes, _ = _tables(out)
+    expected = {f"{c.id}/{t}" for c, t in campaign.episodes()}
+    counts = _count(kind, episodes, expected)
+    await trio.sleep(1.5)  # nodes of a killed team notice their parent within 1 s
+    tally = runner.tally
+    return ({**counts, "wrongly_judged": tally.wrongly_judged}, tally.live_processes(),
+            _namespaces_of(tally.topology_prefixes), tally.channel_rejections)
+
+
+def _controller_kill(trials: int, seed: int, scratch: Path) -> dict[str, Any]:
+    rng = random.Random(seed)
+    totals: Counter[str] = Counter()
+    reasons: Counter[str] = Counter()
+    expected_total = 0
+    for trial in range(trials):
+        out = scratch / f"controller-{trial}"
+        raw = _campaign("controller_kill", 4, seed + trial)
+        toml = scratch / f"controller-{trial}.toml"
+        toml.write_text(_toml(raw))
+        cmd = [sys.executable, "-m", "testbed", "run", str(toml), "--out", str(out)]
+        child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(1.5, 4.0))  # python start-up, group, a few episodes
+        child.kill()
+        child.wait()
+        pids = _recorded_processes(out)  # the killed run's nodes; --resume must stop them
+        resumed = subprocess.run([*cmd, "--resume"], capture_output=True, text=True,
+                                 timeout=300, check=False)
+        if resumed.returncode != 0:
+            raise HostError(f"faults controller_kill: --resume failed: "
+                            f"{resumed.stderr.strip().splitlines()[-1:]}")
+        campaign = parse_campaign(raw, source="faults:controller_kill")
+        expected = {f"{c.id}/{t}" for c, t in campaign.episodes()}
+        expected_total += len(expected)
+        episodes, actions = _tables(out)
+        counts = _count("controller_kill", episodes, expected)
+        for key in ("completed", "aborted", "lost", "duplicated"):
+            totals[key] += int(counts[key])
+        reasons.update(counts["reasons"])
+        totals["processes_left"] += sum(1 for pid, ticks in pids if is_running(pid, ticks))
+        if not actions.empty:  # each action once, and PlanFence never releases invalid
+            totals["duplicated"] += int(actions.duplicated(["episode", "action"]).sum())
+            totals["wrongly_judged"] += int(actions["invalid"].sum())
+    return {"trials": trials, "completed": totals["completed"], "aborted": totals["aborted"],
+            "aborted_right_reason": 0, "lost": totals["lost"],
+            "duplicated": totals["duplicated"], "wrongly_judged": totals["wrongly_judged"],
+            "reasons": dict(reasons), "episodes": expected_total,
+            "processes_left": totals["processes_left"]}
+
+
+def _recorded_processes(out: Path) -> list[tuple[int, int | None]]:
+    """Node processes recorded in the ledgers of runs on ``out``."""
+    found = []
+    for path in run_state_dir().glob("tb*.json"):
+        try:
+            body = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if body.get("label") == str(out.absolute()):
+            found += [(int(e["pid"]), e.get("start_ticks")) for e in body.get("entries", [])
+                      if e.get("kind") == "process"]
+    return found
+
+
+def _toml(raw: dict[str, Any]) -> str:
+    def value(v: Any) -> str:
+        return json.dumps(v) if not isinstance(v, list) else \
+            "[" + ", ".join(value(x) for x in v) + "]"
+
+    lines = [f"name = {value(raw['name'])}", f"seed = {raw['seed']}",
+             f"templates = {raw['templates']}", "[options]"]
+    lines += [f"{k} = {value(v)}" for k, v in raw["options"].items()]
+    lines += ["[grid]"] + [f"{k} = {value(v)}" for k, v in raw["grid"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def _private_tmpfs(scratch: Path) -> Path:
+    """A small tmpfs seen only by this process and its children (a private mount
+    namespace: nothing to unmount, nothing left when the process exits)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(CLONE_NEWNS) != 0:
+        raise HostError(f"faults disk_full: unshare(CLONE_NEWNS) failed (errno "
+                        f"{ctypes.get_errno()}); needs root and a single-threaded start")
+    subprocess.run(["mount", "--make-rprivate", "/"], check=True)
+    root = scratch / "disk"
+    root.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_MIB}m", "tmpfs", str(root)],
+                   check=True)
+    return root
+
+
+def run_faults(*, kinds: Sequence[str], trials: int, seed: int, console: Console
+               ) -> list[KindResult]:
+    """Run the suite (root); call before anything starts threads (disk_full unshares)."""
+    bad = [k for k in kinds if k not in KINDS]
+    if bad:
+        raise UserError(f"--kinds: {bad[0]!r} is not allowed; allowed: {', '.join(KINDS)}")
+    if os.geteuid() != 0:
+        raise HostError("testbed faults needs root (namespaces, signals to its nodes, a "
+                        "private tmpfs); run it as root")
+    results: list[KindResult] = []
+    with tempfile.TemporaryDirectory(prefix="pf-faults-") as tmp:
+        scratch = Path(tmp)
+        disk_root = _private_tmpfs(scratch) if "disk_full" in kinds else None
+        try:
+            results = _run_kinds(kinds, trials, seed, scratch, disk_root, console)
+        finally:
+            if disk_root is not None:
+                subprocess.run(["umount", str(disk_root)], check=False)
+    return results
+
+
+def _run_kinds(kinds: Sequence[str], trials: int, seed: int, scratch: Path,
+               disk_root: Path | None, console: Console) -> list[KindResult]:
+    results = []
+    for kind in kinds:
+        console.print(f"[bold]{kind}[/]: {trials} trials")
+        files0 = _files()
+        started = time.monotonic()
+        live = rejections = namespaces = 0  # controller_kill runs on loopback: no netns
+        if kind == "controller_kill":
+            counts = _controller_kill(trials, seed, scratch)
+            live = int(counts["processes_left"])
+        else:
+            counts, live, namespaces, rejections = trio.run(
+                _in_process, kind, trials, seed, scratch,
+                disk_root if kind == "disk_full" else None)
+        files1 = _files()
+        result = KindResult(
+            kind=kind, trials=counts["trials"], completed=counts["completed"],
+            aborted=counts["aborted"], aborted_right_reason=counts["aborted_right_reason"],
+            lost=counts["lost"], duplicated=counts["duplicated"],
+            wrongly_judged=counts["wrongly_judged"], processes_left=live,
+            namespaces_left=namespaces, files_left=len(files1 - files0),
+            wall_s=round(time.monotonic() - started, 1), reasons=counts["reasons"])
+        if rejections:
+            result.reasons["channel rejections (connections)"] = rejections
+        results.append(result)
+    return results
+
+
+def render(results: Sequence[KindResult], console: Console) -> None:
+    table = Table(title="testbed faults")
+    headers = ("kind", "trials", "completed", "aborted", "right reason", "lost", "duplicated",
+               "wrongly judged", "processes left", "namespaces left", "files left", "wall s")
+    for h in headers:
+        table.add_column(h, justify="left" if h == "kind" else "right")
+    for r in results:
+        table.add_row(r.kind, *(str(v) for v in (
+            r.trials, r.completed, r.aborted, r.aborted_right_reason, r.lost, r.duplicated,
+            r.wrongly_judged, r.processes_left, r.namespaces_left, r.files_left, r.wall_s)))
+    console.print(table)
+    for r in results:
+        if r.reasons:
+            console.print(f"{r.kind}: " + ", ".join(f"{k} x{v}" for k, v in r.reasons.items()))
+
+
+def write_json(results: Sequence[KindResult], path: Path) -> None:
+    path.write_text(json.dumps([asdict(r) for r in results], indent=2) + "\n")

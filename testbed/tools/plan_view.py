@@ -1,0 +1,158 @@
+"""``testbed run CAMPAIGN --dry-run`` and ``testbed check CAMPAIGN``: the plan, nothing made.
+
+Prints the cells, the episode count, each network's links (mean capacity, longest
+outage, delay, loss, queue) and propagation round trips, which backends could run it,
+and a rough wall-time estimate. It reads the campaign and its trace files only: no run
+directory, no namespace, no probe of the kernel (``auto`` is resolved when a run
+starts).
+
+The estimate (not a measurement; docs/campaigns.md): a loopback episode costs 3 ms per
+work unit; an emulated one RTTS_PER_UNIT round trips per unit (4 with a new connection
+per RPC, 2.5 with reused ones; fitted once to the AT&T figures of docs/benchmarks.md),
+where a round trip is the median agent pair's propagation plus two full packets each
+way at the links' mean capacity; plus the episode's traffic (KIB_PER_ACTION by record
+tier, from the reference runs) through the slowest agent uplink; plus setup per
+episode and per topology. Episodes on emulated links divide by ``--jobs``.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+from testbed.links.linkspec import CENTRAL_HOST, NetworkProfile
+from testbed.links.netem_plan import unsupported
+from testbed.links.netinfo import (
+    fmt_mbit,
+    fmt_range,
+    link_info,
+    rtt_range_ms,
+    team_links,
+)
+from testbed.spec.campaign import Campaign, Cell
+
+RTTS_PER_UNIT = {"fresh": 4.0, "reuse": 2.5}
+LOOPBACK_UNIT_S = 0.003
+EPISODE_SETUP_S = 0.3
+TOPOLOGY_SETUP_S = 2.0
+PACKET_BITS = 1500 * 8
+KIB_PER_ACTION = {"compact": 7.0, "artifact": 660.0}
+MAX_CELL_LINES = 40
+
+
+def _episode_s(profile: NetworkProfile, cell: Cell) -> float:
+    if profile.link is None:
+        return EPISODE_SETUP_S / 6 + cell.units * LOOPBACK_UNIT_S
+    hosts = team_links(profile, cell.agents, cell.needs_central)
+    rtts = []
+    infos = {name: link_info(link) for name, link in hosts}
+    names = list(infos)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            rtt = 2 * (infos[a].delay_max_ms + infos[b].delay_max_ms)
+            for info, side in ((infos[a], "up"), (infos[b], "down"), (infos[b], "up"),
+                               (infos[a], "down")):
+                kbit = getattr(info, side).mean_kbit
+                rtt += 0.0 if not kbit else 2 * PACKET_BITS / kbit
+            rtts.append(rtt)
+    rtt_s = (statistics.median(rtts) if rtts else 0.0) / 1000.0
+    actions = max(1, math.floor(cell.units / (2 + cell.rho) + 0.5))
+    ups = [info.up.mean_kbit for name, info in infos.items() if name != CENTRAL_HOST]
+    slowest = min((k for k in ups if k), default=None)
+    transfer_s = 0.0 if slowest is None else \
+        actions * KIB_PER_ACTION.get(cell.tier, 7.0) * 8192 / (slowest * 1000)
+    return (EPISODE_SETUP_S + transfer_s
+            + cell.units * RTTS_PER_UNIT.get(cell.connection, 4.0) * rtt_s)
+
+
+def estimate_wall_s(campaign: Campaign, jobs: int = 1) -> float:
+    """Rough wall time of the whole campaign (module docstring)."""
+    loop_s = emulated_s = 0.0
+    profiles = {name: campaign.network_profile(name) for name in campaign.network_names()}
+    for cell, _template in campaign.episodes():
+        seconds = _episode_s(profiles[cell.network], cell)
+        if profiles[cell.network].link is None:
+            loop_s += seconds
+        else:
+            emulated_s += seconds
+    topologies = sum(1 for key, _ in campaign.groups() if profiles[key.network].link)
+    return loop_s + (emulated_s + topologies * TOPOLOGY_SETUP_S) / max(1, jobs)
+
+
+def _fmt_duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def network_lines(name: str, profile: NetworkProfile, *, defined: bool,
+                  teams: set[tuple[int, bool]]) -> list[str]:
+    """What one network is, line by line (links, round trips, backends)."""
+    where = "defined in the campaign" if defined else "built-in"
+    lines = [f"network {name} ({where}){': ' + profile.description if profile.description else ''}"]
+    if profile.link is None:
+        return [*lines, "  unshaped: no namespaces, every host on 127.0.0.1 (backend none)"]
+    for label, link in [("every host", profile.link),
+                        *((f"hosts.{sel}", lk) for sel, lk in profile.hosts)]:
+        info = link_info(link)
+        parts = []
+        for side in ("up", "down"):
+            d = getattr(info, side)
+            outage = "" if d.longest_outage_s is None else \
+                f", longest outage {d.longest_outage_s:.3g} s"
+            source = "" if d.source in ("unlimited",) or d.source.endswith("kbit/s") else \
+                f" ({d.source})"
+            parts.append(f"{side} {fmt_mbit(d.mean_kbit)}{source}{outage}")
+        delay = fmt_range(info.delay_min_ms, info.delay_max_ms)
+        lines.append(f"  {label}: {'; '.join(parts)}; delay {delay} per crossing; loss "
+                     f"{info.loss}; queue {info.queue}")
+    for agents, central in sorted(teams):
+        rtts = rtt_range_ms(profile, agents, central)
+        text = f"agent to agent {fmt_range(*rtts['agents'])}"
+        if "central" in rtts:
+            text += f", agent to central {fmt_range(*rtts['central'])}"
+        lines.append(f"  base round trip ({agents} agents{' + central' if central else ''}): "
+                     f"{text}")
+    netem = unsupported(profile)
+    lines.append("  backends: userspace" + (", netem" if netem is None else
+                                             f" (netem refuses: {netem})"))
+    return lines
+
+
+def plan_lines(campaign: Campaign, *, jobs: int = 1, backend: str | None = None,
+               ) -> list[str]:
+    cells = campaign.cells()
+    episodes = campaign.episodes()
+    lines = [f"campaign {campaign.name} ({campaign.source}): {len(cells)} cells x "
+             f"{len(campaign.templates)} templates = {len(episodes)} episodes, "
+             f"{len(campaign.groups())} topologies"]
+    for cell in cells[:MAX_CELL_LINES]:
+        lines.append(f"  cell {cell.id}")
+    if len(cells) > MAX_CELL_LINES:
+        lines.append(f"  ... {len(cells) - MAX_CELL_LINES} more cells")
+    teams: dict[str, set[tuple[int, bool]]] = {}
+    for cell in cells:
+        teams.setdefault(cell.network, set()).add((cell.agents, cell.needs_central))
+    for name in campaign.network_names():
+        lines += network_lines(name, campaign.network_profile(name),
+                               defined=name in campaign.networks, teams=teams[name])
+    chosen = backend or campaign.options.backend
+    lines.append(f"backend: {chosen}" + (" (chosen when the run starts; see `testbed "
+                                         "doctor`)" if chosen == "auto" else ""))
+    if campaign.options.link_log:
+        lines.append("link_log: every episode writes per-host packet logs under "
+                     "<out>/links/ (userspace backend)")
+    lines.append(f"estimated wall time: about {_fmt_duration(estimate_wall_s(campaign, jobs))}"
+                 f" with --jobs {jobs} (rough; docs/campaigns.md)")
+    return lines
+
+
+def print_plan(campaign: Campaign, console: Any, *, jobs: int = 1,
+               backend: str | None = None) -> None:
+    for line in plan_lines(campaign, jobs=jobs, backend=backend):
+        console.print(line, markup=False)
+    console.print("dry run: nothing was created (no run directory, no namespace)",
+                  markup=False)

@@ -1,0 +1,132 @@
+"""A numbered UDP stream between two hosts of a topology, and what it says about the link.
+
+``udp_stream`` sends COUNT datagrams (8-byte sequence number + 8-byte send time, padded
+to the size asked for) in bursts of PER_BURST every INTERVAL_S from one namespace and
+records, in another, which arrived when: the kernel's receive timestamp
+(``SO_TIMESTAMPNS``, taken when the packet reached the socket, so a receiver thread
+that a loaded host wakes late does not bunch the times), on ``time.monotonic``'s
+clock. It is
+the probe of the fidelity tests (tests/testbed/net/test_link_fidelity.py) and of the
+loss, trace and CoDel cases of ``testbed bench link``. Runs blocking: call it through
+``trio.to_thread.run_sync``.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass
+
+from testbed.host.kernel import socket_in_netns
+from testbed.net.plan import Host
+
+_TIMESPEC = struct.Struct("@qq")
+_SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux
+
+IP_UDP_HEADER_BYTES = 28
+_STAMP = struct.Struct("!QQ")
+
+
+@dataclass(frozen=True)
+class StreamResult:
+    sent: int
+    arrivals: list[tuple[int, float]]  # (sequence number, receive time), in arrival order
+    send_times: list[float]  # by sequence number
+
+    @property
+    def received(self) -> set[int]:
+        return {seq for seq, _ in self.arrivals}
+
+    def lost(self) -> list[bool]:
+        got = self.received
+        return [seq not in got for seq in range(self.sent)]
+
+    def loss_runs(self) -> list[int]:
+        """Lengths of the runs of consecutive lost sequence numbers."""
+        runs: list[int] = []
+        current = 0
+        for flag in self.lost():
+            if flag:
+                current += 1
+            elif current:
+                runs.append(current)
+                current = 0
+        return runs + ([current] if current else [])
+
+    def rate_kbit(self, ip_bytes: int, *, skip: int = 0) -> float:
+        """Delivered rate (IP bytes) between the SKIP-th arrival and the last one."""
+        times = [t for _, t in self.arrivals][skip:]
+        if len(times) < 2 or times[-1] <= times[0]:
+            return 0.0
+        return (len(times) - 1) * ip_bytes * 8 / (times[-1] - times[0]) / 1000.0
+
+    def one_way_ms(self) -> list[float]:
+        return [(t - self.send_times[seq]) * 1000.0 for seq, t in self.arrivals]
+
+
+def udp_stream(src: Host, dst: Host, *, count: int, per_burst: int = 1,
+               interval_s: float = 0.001, ip_bytes: int = 128, port: int = 9400,
+               settle_s: float = 0.5, wait_s: float = 10.0) -> StreamResult:
+    """Send the stream (module docstring); after the last send, receive until nothing
+    arrived for SETTLE_S (counted from the last send or arrival), at most WAIT_S."""
+    payload = max(_STAMP.size, ip_bytes - IP_UDP_HEADER_BYTES)
+    pad = bytes(payload - _STAMP.size)
+    rx = socket_in_netns(dst.netns, socket.AF_INET, socket.SOCK_DGRAM)
+    tx = socket_in_netns(src.netns, socket.AF_INET, socket.SOCK_DGRAM)
+    arrivals: list[tuple[int, float]] = []
+    send_times = [0.0] * count
+    done = threading.Event()
+    try:
+        rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 << 20)
+        rx.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+        rx.bind((dst.address, port))
+        realtime_minus_monotonic = time.time() - time.monotonic()
+        cmsg_space = socket.CMSG_SPACE(_TIMESPEC.size)
+        rx.settimeout(0.05)
+        finished: list[float] = []  # the time of the last send, once sent
+
+        def receive() -> None:
+            last = 0.0
+            while len(arrivals) < count:
+                try:
+                    data, ancillary, _, _ = rx.recvmsg(65536, cmsg_space)
+                except TimeoutError:
+                    now = time.monotonic()
+                    if done.is_set() and (now - max(last, finished[0]) > settle_s
+                                          or now - finished[0] > wait_s):
+                        return
+                    continue
+                last = time.monotonic()
+                stamp = last
+                for level, kind, raw in ancillary:
+                    if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS:
+                        sec, nsec = _TIMESPEC.unpack_from(raw)
+                        stamp = sec + nsec / 1e9 - realtime_minus_monotonic
+                seq, _ = _STAMP.unpack_from(data)
+                arrivals.append((seq, stamp))
+
+        thread = threading.Thread(target=receive, daemon=True)
+        thread.start()
+        target = (dst.address, port)
+        start = time.monotonic()
+        seq = 0
+        burst = 0
+        while seq < count:
+            for _ in range(min(per_burst, count - seq)):
+                now = time.monotonic()
+                send_times[seq] = now
+                tx.sendto(_STAMP.pack(seq, int(now * 1e9)) + pad, target)
+                seq += 1
+            burst += 1
+            pause = start + burst * interval_s - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+        finished.append(time.monotonic())
+        done.set()
+        thread.join(wait_s + settle_s + 1.0)
+    finally:
+        tx.close()
+        rx.close()
+    return StreamResult(count, list(arrivals), send_times)

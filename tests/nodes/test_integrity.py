@@ -1,0 +1,291 @@
+"""Measurement integrity against an attacker on the roster (issue 11), on real nodes.
+
+Each test names the defect it covers: a record or handshake replayed from another
+episode, a replayed hello held open, unauthenticated buffering, a connection flood,
+peer input answered as ``internal``. The attacker is the test process, acting as a
+roster member (``probe``) or as anyone who saw that member's handshake on the wire.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+import trio
+
+from nodes.client import open_rpc_client
+from nodes.rpc import call_fetch, call_heads, call_install
+from nodes.transport import Counters
+from protocols import wire
+from protocols.auth import ChannelInitiator
+from protocols.errors import PeerUnavailable, RemoteCallError, RemoteProtocolError
+from protocols.identity import CENTRAL_ID
+from protocols.records import Record, make_record
+from testbed.run.team import Team, key_owners, open_team
+from testbed.run.verdict import build_head_log, judge_invalid
+
+AGENTS = ["a0", "a1"]
+OWNERS = key_owners(AGENTS, 2)  # a0: k000, a1: k001
+TARGET = "a0"
+
+
+async def _team(tmp_path: Path, limits: dict[str, Any] | None = None
+                ) -> AsyncIterator[Team]:
+    hosts = {a: (None, "127.0.0.1") for a in [*AGENTS, CENTRAL_ID]}
+    async with open_team(agents=AGENTS, central=True, hosts=hosts, workdir=tmp_path,
+                         campaign_seed=5, connection="reuse", policy="test_probe",
+                         owners=OWNERS, probes=["probe"], limits=limits,
+                         plugins=["tests.nodes.probe_policy"]) as t:
+        yield t
+
+
+@pytest.fixture
+async def team(tmp_path: Path) -> AsyncIterator[Team]:
+    async for t in _team(tmp_path):
+        yield t
+
+
+@pytest.fixture
+async def strict_team(tmp_path: Path) -> AsyncIterator[Team]:
+    """Small limits, so that the attacks reach them quickly."""
+    async for t in _team(tmp_path, {"first_frame_timeout_s": 0.5, "max_connections": 64,
+                                    "max_connections_per_peer": 16}):
+        yield t
+
+
+async def _log_shows(team: Team, agent: str, text: str) -> None:
+    with trio.fail_after(5):
+        while text not in team.log_tail(agent, 200):
+            await trio.sleep(0.02)
+
+
+async def _closed_without_answer(stream: trio.SocketStream, *, within_s: float = 5.0
+                                 ) -> list[bytes]:
+    """Frames the node sent before closing ``stream``; fails if it stays open."""
+    decoder = wire.FrameDecoder()
+    frames = []
+    with trio.fail_after(within_s):
+        try:
+            while (body := await wire.read_frame(stream, decoder)) is not None:
+                frames.append(body)
+        except (trio.BrokenResourceError, RemoteProtocolError):
+            pass
+    await stream.aclose()
+    return frames
+
+
+async def _connect(team: Team, peer: str = TARGET) -> trio.SocketStream:
+    member = team.roster.members[peer]
+    return await trio.open_tcp_stream(member.host, member.port)
+
+
+# --- cross-episode replay -------------------------------------------------------------------
+async def test_record_from_another_episode_is_rejected_and_verdict_stays_right(
+        team: Team) -> None:
+    # Episode 1: the owner writes k000 up to seq 4; a roster member keeps seq 4.
+    await team.reset_all()
+    await team.call(TARGET, "seed", key="k000", content=b"v1")
+    for n in (2, 3, 4):
+        await team.call(TARGET, "update", key="k000", content=b"v%d" % n)
+    async with open_rpc_client(identity=team.identity("probe"), roster=team.roster,
+                               connection="reuse", counters=Counters()) as client:
+        head = (await call_heads(client, team.roster, TARGET, ["k000"]))["k000"]
+        captured = await call_fetch(client, team.roster, TARGET, head.record_id)
+    assert captured.seq == 4
+
+    # Episode 2: seq 1 again; the same member installs the captured record.
+    await team.reset_all()
+    await team.call(TARGET, "seed", key="k000", content=b"v1")
+    log_before = (await team.call(TARGET, "head_log"))["log"]
+    async with open_rpc_client(identity=team.identity("probe"), roster=team.roster,
+                               connection="reuse", counters=Counters()) as client:
+        with pytest.raises((PeerUnavailable, RemoteProtocolError)):
+            await call_install(client, TARGET, [captured])
+    await _log_shows(team, TARGET, "record signature does not verify")
+    async with open_rpc_client(identity=team.identity("a1"), roster=team.roster,
+                               connection="reuse", counters=Counters()) as client:
+        head2 = (await call_heads(client, team.roster, TARGET, ["k000"]))["k000"]
+        with pytest.raises(RemoteCallError, match="unknown_id"):
+            await call_fetch(client, team.roster, TARGET, captured.id)
+    log_after = (await team.call(TARGET, "head_log"))["log"]
+    assert head2.seq == 1
+    assert log_after == log_before
+    assert len(log_after) == 1
+    # The controller's verdict reads that log: the seq-1 input is current, seq 4 is not.
+    timeline = build_head_log({TARGET: log_after})
+    now = time.monotonic_ns()
+    assert not judge_invalid(timeline, ["k000"], {"k000": head2.record_id}, now)
+    assert judge_invalid(timeline, ["k000"], {"k000": captured.id}, now)
+
+
+async def test_handshake_from_another_episode_is_refused(team: Team) -> None:
+    await team.reset_all()
+    old_hello = ChannelInitiator(identity=team.identity("probe"), roster=team.roster,
+                                 peer_id=TARGET).start()
+    await team.reset_all()
+    stream = await _connect(team)
+    await stream.send_all(wire.encode_frame(old_hello))
+    assert await _closed_without_answer(stream) == []
+    await _log_shows(team, TARGET, "handshake message 1 rejected")
+
+
+async def test_connections_of_the_previous_episode_are_closed_at_reset(team: Team) -> None:
+    port = team.roster.members[TARGET].port
+    async with open_rpc_client(identity=team.identity("probe"), roster=team.roster,
+                               connection="reuse", counters=Counters()) as client:
+        await client.call(TARGET, "versions", {"keys": ["k000"]})
+        await team.reset_all()
+        with pytest.raises((PeerUnavailable, RemoteProtocolError)):
+            with trio.fail_after(5):
+                await client.call(TARGET, "versions", {"keys": ["k000"]})
+    assert team.roster.members[TARGET].port == port  # the listener kept its port
+
+
+# --- connection limits ------------------------------------------------------------------------
+async def test_replayed_hello_is_closed_within_the_first_frame_timeout(
+        strict_team: Team) -> None:
+    team = strict_team
+    # Anyone who saw a member's handshake message 1 can send it again.
+    hello = ChannelInitiator(identity=team.identity("probe"), roster=team.roster,
+                             peer_id=TARGET).start()
+    streams = []
+    for _ in range(8):
+        stream = await _connect(team)
+        await stream.send_all(wire.encode_frame(hello))
+        streams.append(stream)
+    with trio.fail_after(5):  # first_frame_timeout_s is 0.5 s
+        for stream in streams:
+            frames = await _closed_without_answer(stream)
+            assert len(frames) == 1  # the responder's message 2, then the close
+    await _log_shows(team, TARGET, "no authenticated frame in time")
+
+
+async def test_unauthenticated_frames_are_bounded_to_the_handshake_size(team: Team) -> None:
+    stream = await _connect(team)
+    # The largest handshake frame is 114 bytes; a 1 MiB length prefix is refused at once.
+    await stream.send_all((1024 * 1024).to_bytes(4, "big") + b"x" * 4096)
+    assert await _closed_without_answer(stream) == []
+    await _log_shows(team, TARGET, "outside 1..114")
+    pid = team.pid(TARGET)
+    assert pid is not None
+    rss_before = _rss_kib(pid)
+    streams = []
+    for _ in range(100):  # each would be 1 MiB buffered without the bound
+        s = await _connect(team)
+        await s.send_all((114).to_bytes(4, "big") + b"\x01" * 113)
+        streams.append(s)
+    await trio.sleep(0.5)
+    assert _rss_kib(pid) - rss_before < 20 * 1024
+    for s in streams:
+        await s.aclose()
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+async def test_connection_flood_leaves_a_member_served(strict_team: Team) -> None:
+    team = strict_team
+    await team.call(TARGET, "seed", key="k000", content=b"v1")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 8192)), hard))
+    hello = ChannelInitiator(identity=team.identity("probe"), roster=team.roster,
+                             peer_id=TARGET).start()
+    flood: list[trio.SocketStream] = []
+    try:
+        for i in range(1100):  # beyond a default 1024-file limit
+            try:
+                s = await _connect(team)
+            except OSError:
+                break
+            if i % 2:
+                await s.send_all(wire.encode_frame(hello))  # replayed hello, then silence
+            flood.append(s)
+        member = Counters()
+        with trio.fail_after(5):
+            async with open_rpc_client(identity=team.identity("a1"), roster=team.roster,
+                                       connection="fresh", counters=member,
+                                       timeout_s=5) as client:
+                heads = await call_heads(client, team.roster, TARGET, ["k000"])
+        assert set(heads) == {"k000"}
+        counters = await team.call(TARGET, "counters")
+        assert counters["refused"] > 0
+    finally:
+        for s in flood:
+            await s.aclose()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+async def test_a_member_over_its_install_quota_is_refused(tmp_path: Path) -> None:
+    async for team in _team(tmp_path, {"install_records_per_peer": 3}):
+        await team.call(TARGET, "seed", key="k000", content=b"v1")
+        notes = [_note(team, b"n%d" % i) for i in range(4)]
+        async with open_rpc_client(identity=team.identity("probe"), roster=team.roster,
+                                   connection="reuse", counters=Counters()) as client:
+            assert await call_install(client, TARGET, notes[:3]) == 3
+            with pytest.raises((PeerUnavailable, RemoteProtocolError)):
+                await call_install(client, TARGET, notes[3:])
+        await _log_shows(team, TARGET, "install quota of this episode exceeded")
+        await team.reset_all()  # a new episode, a new quota
+        notes = [_note(team, b"m%d" % i) for i in range(3)]
+        async with open_rpc_client(identity=team.identity("probe"), roster=team.roster,
+                                   connection="reuse", counters=Counters()) as client:
+            assert await call_install(client, TARGET, notes) == 3
+
+
+def _note(team: Team, content: bytes) -> Record:
+    return make_record(team.identity("probe"), key="note/x", owner="probe",
+                       seq=int.from_bytes(content[-1:], "big"), parents=[], rtype="review",
+                       content=content)
+
+
+# --- typed errors ------------------------------------------------------------------------------
+def _record_wire(**changes: Any) -> dict[str, Any]:
+    body = {"key": "note/y", "owner": "probe", "seq": 1, "parents": [],
+            "rtype": "review", "content": b"c", "author": "probe", "sig": bytes(64)}
+    body.update(changes)
+    return body
+
+
+TYPED_CASES = {  # (who sends it, method, params): each from the member allowed to send it
+    "rtype_list": ("probe", "install", {"records": [_record_wire(rtype=["plan"])]}),
+    "rtype_map": ("probe", "install", {"records": [_record_wire(rtype={"a": 1})]}),
+    "record_seq_2_63": ("probe", "install", {"records": [_record_wire(seq=2**63)]}),
+    "announce_seq_2_63": ("a1", "announce", {"heads": [{"key": "k001", "owner": "a1",
+                                                        "seq": 2**63, "id": bytes(32)}]}),
+    "commit_seq_2_64": ("a0", "commit", {"heads": [{"key": "k000", "owner": "a0",
+                                                     "seq": 2**64 - 1, "id": bytes(32)}]}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TYPED_CASES))
+async def test_peer_input_is_a_protocol_error_never_internal(team: Team, case: str) -> None:
+    sender, method, params = TYPED_CASES[case]
+    target = CENTRAL_ID if method == "commit" else TARGET
+    stream = await _connect(team, target)
+    initiator = ChannelInitiator(identity=team.identity(sender), roster=team.roster,
+                                 peer_id=target)
+    await stream.send_all(wire.encode_frame(initiator.start()))
+    decoder = wire.FrameDecoder()
+    reply = await wire.read_frame(stream, decoder)
+    assert reply is not None
+    session = initiator.finish(reply)
+    body = msgpack.packb({"i": 1, "m": method, "p": params}, use_bin_type=True)
+    await stream.send_all(wire.encode_frame(session.encrypt(body)))
+    frames = []
+    with trio.fail_after(5):
+        try:
+            while (raw := await wire.read_frame(stream, decoder)) is not None:
+                frames.append(wire.unpack(session.decrypt(raw)))
+        except (trio.BrokenResourceError, RemoteProtocolError):
+            pass
+    assert frames == []  # closed as the peer's fault; no "internal" answer
+    assert "internal" not in team.log_tail(target, 50)
