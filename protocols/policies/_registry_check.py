@@ -41,11 +41,11 @@ from protocols.policies._derivation import (
     known_versions,
     refresh,
 )
-from protocols.policies.base import Policy
+from protocols.policies.base import CommitsToDirectory
 from protocols.records import HeadInfo
 
 
-class RegistryValidator(Policy):
+class RegistryValidator(CommitsToDirectory):
     """Base of the stand-ins: only :meth:`version_set` differs."""
 
     needs_central = True
@@ -57,16 +57,6 @@ class RegistryValidator(Policy):
 
     def version_set(self, env: PolicyEnv, request: ActionRequest) -> dict[str, bytes]:
         raise NotImplementedError
-
-    async def _commit(self, env: PolicyEnv, head: HeadInfo) -> None:
-        if env.roster.owners.get(head.key) == env.agent_id:
-            await env.central_commit([head])
-
-    async def on_seed(self, env: PolicyEnv, head: HeadInfo) -> None:
-        await self._commit(env, head)
-
-    async def on_update(self, env: PolicyEnv, head: HeadInfo) -> None:
-        await self._commit(env, head)
 
     async def _registry(self, env: PolicyEnv, keys: list[str], versions: dict[str, bytes],
                         tally: Tally) -> dict[str, HeadInfo]:

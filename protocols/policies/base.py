@@ -70,3 +70,20 @@ class Policy:
 
     async def validate(self, env: PolicyEnv, request: ActionRequest) -> ActionOutcome:
         raise NotImplementedError
+
+
+class CommitsToDirectory(Policy):
+    """Owners commit every head they seed or advance to the central metadata directory
+    and wait for its ack (centralized lineage, the registry stand-ins)."""
+
+    needs_central = True
+
+    async def _commit(self, env: PolicyEnv, head: HeadInfo) -> None:
+        if env.roster.owners.get(head.key) == env.agent_id:
+            await env.central_commit([head])
+
+    async def on_seed(self, env: PolicyEnv, head: HeadInfo) -> None:
+        await self._commit(env, head)
+
+    async def on_update(self, env: PolicyEnv, head: HeadInfo) -> None:
+        await self._commit(env, head)

@@ -31,12 +31,12 @@ from protocols.policies._derivation import (
     local_heads,
     query_owners,
 )
+from protocols.policies.base import CommitsToDirectory
 from protocols.policies.registry import register
-from protocols.records import HeadInfo
 
 
 @register
-class CentralizedLineage(DerivationPolicy):
+class CentralizedLineage(CommitsToDirectory, DerivationPolicy):
     """On path: one directory read per pass, fetches. Timed off path: a commit per update."""
 
     name = "centralized_lineage"
@@ -44,16 +44,6 @@ class CentralizedLineage(DerivationPolicy):
     needs_central = True
     #: Read the heads of the executor's own keys from its store instead of the directory.
     own_keys_local = False
-
-    async def _commit(self, env: PolicyEnv, head: HeadInfo) -> None:
-        if env.roster.owners.get(head.key) == env.agent_id:
-            await env.central_commit([head])
-
-    async def on_seed(self, env: PolicyEnv, head: HeadInfo) -> None:
-        await self._commit(env, head)
-
-    async def on_update(self, env: PolicyEnv, head: HeadInfo) -> None:
-        await self._commit(env, head)
 
     async def obtain_heads(self, env: PolicyEnv, request: ActionRequest,
                            captured: Mapping[str, bytes], frontier: Mapping[str, bytes],

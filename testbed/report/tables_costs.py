@@ -78,10 +78,7 @@ def batch_tables(run: Run, options: Options) -> list[Table]:
             if values:
                 findings.append(f"PlanFence below batched all-key by {pct(min(values))} to "
                                 f"{pct(max(values))} ({connection}).")
-        aborted = int(frame["aborted"].sum())
-        findings.append(f"{aborted} aborted episode(s); availability "
-                        f"{int(frame['available'].sum())}/{int(frame['scheduled'].sum())}; "
-                        f"{int(frame['invalid_n'].sum())} invalid actions.")
+        findings.append(_accounting(frame))
         tables.append(layout(run, frame, records,
             name=f"table_d8_{network}",
             title=f"Table D.8 layout: the headline configuration in separate batches on "
@@ -96,6 +93,13 @@ def batch_tables(run: Run, options: Options) -> list[Table]:
             findings=findings,
         ))
     return tables
+
+
+def _accounting(frame: pd.DataFrame) -> str:
+    """One finding: invalid actions, availability and aborted episodes of a table."""
+    return (f"{int(frame['invalid_n'].sum())} invalid actions; availability "
+            f"{int(frame['available'].sum())}/{int(frame['scheduled'].sum())}; "
+            f"{int(frame['aborted'].sum())} aborted episode(s).")
 
 
 # --- C.6: the artifact tier ----------------------------------------------------------------
@@ -152,10 +156,7 @@ def artifact_tables(run: Run, options: Options) -> list[Table]:
                                                          for k in sorted(counts))
                             + " actions (each fetched artifact is verified against its ID and "
                             "its owner's signature before it is installed).")
-        invalid = int(frame["invalid_n"].sum())
-        findings.append(f"{invalid} invalid actions; availability "
-                        f"{int(frame['available'].sum())}/{int(frame['scheduled'].sum())}; "
-                        f"{int(frame['aborted'].sum())} aborted episode(s).")
+        findings.append(_accounting(frame))
         tables.append(layout(run, frame, records,
             name=f"table_c6_{network}",
             title=f"Artifact tier (appendix C.6) against compact records on {network}",

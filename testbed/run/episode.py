@@ -52,8 +52,9 @@ from protocols.policies import describe_policy
 from testbed.errors import RunFailure
 from testbed.host.ledger import Ledger
 from testbed.net.topology import Topology, open_topology
-from testbed.run.accounting import PhaseTally, action_costs, episode_costs, total_sent
+from testbed.run.accounting import PhaseTally, action_costs, episode_costs
 from testbed.run.contract import EpisodeAborted, EpisodeResult
+from testbed.run.prepare import start_episode
 from testbed.run.team import (
     NodeDied,
     NodeUnresponsive,
@@ -64,7 +65,7 @@ from testbed.run.team import (
 from testbed.run.trials import run_trial
 from testbed.run.verdict import HeadLog, build_head_log, judge_invalid
 from testbed.spec.campaign import Campaign, Cell, GroupKey, episode_key
-from testbed.spec.workload import Act, Plan, Schedule, Seed, Update
+from testbed.spec.workload import Act, Plan, Schedule, Update
 
 
 @dataclass
@@ -144,18 +145,7 @@ class TeamGroup:
             return await run_trial(self, cell, schedule)
         team, topo = self.team, self.topo
         started = time.monotonic()
-        await team.reset_all(policy=cell.policy, connection=cell.connection,
-                             owners=schedule.owners,
-                             episode=episode_key(cell, schedule.template))
-        async def seed_key(seed: Seed) -> None:
-            await team.call(seed.owner, "seed", key=seed.key, content=seed.content,
-                            rtype=seed.rtype)
-
-        async with trio.open_nursery() as nursery:
-            for seed in schedule.seeds:
-                nursery.start_soon(seed_key, seed)
-        phases = PhaseTally(setup=total_sent(await team.counters()))
-        await topo.restart_trace()
+        phases = await start_episode(team, topo, cell, schedule)
         await topo.clear_link_statistics()
         log_dir = None
         if self.link_log_dir is not None and topo.links is not None:

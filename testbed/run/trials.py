@@ -45,6 +45,7 @@ from testbed.errors import RunFailure
 from testbed.net.topology import Topology
 from testbed.run.accounting import PhaseTally, action_costs, episode_costs, total_sent
 from testbed.run.contract import EpisodeAborted, EpisodeResult
+from testbed.run.prepare import start_episode
 from testbed.run.team import Team
 from testbed.run.verdict import (
     HeadLog,
@@ -55,7 +56,7 @@ from testbed.run.verdict import (
 )
 from testbed.spec.campaign import Campaign, Cell
 from testbed.spec.trials import poisson_times, trial_content, trial_roles
-from testbed.spec.workload import Schedule, Seed
+from testbed.spec.workload import Schedule
 
 #: Poisson arrivals are drawn this far past the action deadline (none is used after it).
 HORIZON_MARGIN_S = 5.0
@@ -79,17 +80,7 @@ async def run_trial(group: TrialGroup, cell: Cell, schedule: Schedule) -> Episod
     if same_session:
         planner = executor
     try:
-        await team.reset_all(policy=cell.policy, connection=cell.connection,
-                             owners=schedule.owners)
-        async def seed_key(seed: Seed) -> None:
-            await team.call(seed.owner, "seed", key=seed.key, content=seed.content,
-                            rtype=seed.rtype)
-
-        async with trio.open_nursery() as nursery:
-            for seed in schedule.seeds:
-                nursery.start_soon(seed_key, seed)
-        phases = PhaseTally(setup=total_sent(await team.counters()))
-        await topo.restart_trace()
+        phases = await start_episode(team, topo, cell, schedule)
         plan = await team.call(planner, "plan", action=plan_event.action, executor=executor,
                                keys=[key], depth=plan_event.depth,
                                decision=plan_event.decision)
