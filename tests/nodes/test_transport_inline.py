@@ -1,9 +1,12 @@
-"""The server's inline path for a synchronous handler (rule 8 of nodes/server.py) and the
-frame path's writes (rule 6 of nodes/transport.py), over real loopback sockets.
+"""The paths without a task per frame, over real loopback sockets: the server's inline
+answers for a synchronous handler (rule 8 of nodes/server.py), the frame path's writes
+(rule 6 of nodes/transport.py), and the client's pooled connection under them.
 
 A reader that answers inline must still read the next request while an answer waits for
 a peer that does not read (the answer goes to a task, which counts against
-``max_in_flight``), and answers that wait must go out whole and in nonce order.
+``max_in_flight``), and answers that wait must go out whole and in nonce order. On the
+client, many callers share one connection and each gets its own response; a caller that
+gives up does not stop the others from getting theirs.
 """
 
 from __future__ import annotations
@@ -19,9 +22,9 @@ import trio
 from nodes.client import open_rpc_client
 from nodes.limits import Limits
 from nodes.server import DataPlaneServer, serve_data_plane
-from nodes.transport import Counters
+from nodes.transport import Counters, Handler
 from protocols import auth, wire
-from protocols.errors import IntegrityError, PeerUnavailable, RemoteCallError
+from protocols.errors import IntegrityError, PeerUnavailable, RemoteCallError, RpcTimeout
 from protocols.identity import Identity, Member, Roster
 
 HOST = "127.0.0.1"
@@ -54,14 +57,14 @@ def roster(ids: dict[str, Identity], port: int) -> Roster:
 
 
 @asynccontextmanager
-async def serving(*, max_in_flight: int | None = None
+async def serving(*, max_in_flight: int | None = None, async_handler: Handler | None = None,
                   ) -> AsyncIterator[tuple[dict[str, Identity], Roster, Counters]]:
     ids, counters = team(), Counters()
     async with trio.open_nursery() as nursery:
         port = await nursery.start(lambda task_status: serve_data_plane(
             identity=ids[SERVER], roster=roster(ids, 0), host=HOST, port=0,
-            sync_handler=handler, counters=counters, max_in_flight=max_in_flight,
-            task_status=task_status))
+            handler=async_handler, sync_handler=None if async_handler else handler,
+            counters=counters, max_in_flight=max_in_flight, task_status=task_status))
         yield ids, roster(ids, port), counters
         nursery.cancel_scope.cancel()
 
@@ -153,3 +156,58 @@ def test_server_takes_exactly_one_handler() -> None:
     with pytest.raises(TypeError, match="exactly one of handler, sync_handler"):
         DataPlaneServer(identity=ids[SERVER], roster=roster(ids, 1), counters=Counters(),
                         limits=Limits())
+
+
+async def test_many_callers_share_one_pooled_connection() -> None:
+    async with serving() as (ids, members, counters):
+        client_counters = Counters()
+        async with open_rpc_client(identity=ids["agent-0"], roster=members,
+                                   connection="reuse", counters=client_counters) as client:
+            seen: list[tuple[int, int]] = []
+
+            async def worker(w: int) -> None:
+                for n in range(40):
+                    answer = await client.call(SERVER, "echo", {"w": w, "n": n})
+                    assert answer == {"peer": "agent-0", "params": {"w": w, "n": n}}
+                    seen.append((w, n))
+
+            async with trio.open_nursery() as nursery:
+                for w in range(16):
+                    nursery.start_soon(worker, w)
+        assert sorted(seen) == [(w, n) for w in range(16) for n in range(40)]
+        assert client_counters.connections_opened == 1
+        assert client_counters.rejected == counters.rejected == 0
+
+
+async def test_a_caller_that_times_out_leaves_the_others_answered() -> None:
+    gate = trio.Event()
+
+    async def slow(peer: str, method: str, params: dict[str, Any]) -> Any:
+        if params.get("wait"):
+            await gate.wait()
+        return params
+
+    async with serving(async_handler=slow) as (ids, members, _), open_rpc_client(
+            identity=ids["agent-0"], roster=members, connection="reuse",
+            counters=Counters(), timeout_s=0.4) as client:
+        results: dict[str, Any] = {}
+
+        async def first() -> None:  # gives up at 0.4 s
+            with pytest.raises(RpcTimeout):
+                await client.call(SERVER, "x", {"wait": True, "who": "first"})
+
+        async def second() -> None:  # answered at 0.5 s, after the first gave up
+            await trio.sleep(0.2)
+            results["second"] = await client.call(SERVER, "x", {"who": "second",
+                                                                "wait": True})
+
+        async def opener() -> None:
+            await trio.sleep(0.5)
+            gate.set()
+
+        async with trio.open_nursery() as nursery:
+            for task in (first, second, opener):
+                nursery.start_soon(task)
+        assert results["second"] == {"who": "second", "wait": True}
+        # the late answer to the first call arrives on the idle connection: dropped
+        assert await client.call(SERVER, "x", {"n": 1}) == {"n": 1}
