@@ -195,7 +195,7 @@ class Node:
             await self._server.stop()
             self._server = None
         state = self._server_state = DataPlaneServer(
-            identity=cfg.identity, roster=cfg.roster, handler=self.handlers_call,
+            identity=cfg.identity, roster=cfg.roster, sync_handler=self.handlers_answer,
             counters=self.counters, limits=self.limits)
 
         async def body(task_status: trio.TaskStatus[int]) -> None:
@@ -208,10 +208,10 @@ class Node:
         self._server_key = (me.host, bound)
         return me.host, bound
 
-    async def handlers_call(self, peer_id: str, method: str, params: dict[str, Any]) -> Any:
+    def handlers_answer(self, peer_id: str, method: str, params: dict[str, Any]) -> Any:
         if self.handlers is None:
             raise LocalProtocolError("node is not configured")
-        return await self.handlers(peer_id, method, params)
+        return self.handlers.answer(peer_id, method, params)
 
     def _new_episode_objects(self, cfg: _Config, store: SqliteStore, client: RpcClient) -> None:
         self.policy = make_policy(cfg.policy)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from nodes.limits import Limits
@@ -90,7 +90,10 @@ class Handlers:
     """Serves the data-plane methods over the node's current store and roster.
 
     The node swaps ``store``/``roster`` on reset/configure; handlers always read the
-    current ones. :meth:`new_episode` zeroes the per-peer install quotas.
+    current ones. :meth:`new_episode` zeroes the per-peer install quotas. Every method
+    is synchronous (SQLite is), so the server answers it inline (:meth:`answer`, the
+    transport's ``sync_handler``) without a task per request; awaiting the object
+    itself gives the same answer.
     """
 
     def __init__(self, *, agent_id: str, store: SqliteStore, roster: Roster,
@@ -101,7 +104,7 @@ class Handlers:
         self.limits = limits or Limits()
         self.counters = counters or Counters()
         self.installed: dict[str, tuple[int, int]] = {}  # peer -> (records, bytes) this episode
-        self._table: dict[str, Callable[[str, object], Awaitable[dict[str, Any]]]] = {
+        self._table: dict[str, Callable[[str, object], dict[str, Any]]] = {
             "heads": self._heads, "fetch": self._fetch, "install": self._install,
             "announce": self._announce, "versions": self._versions,
             "commit": self._commit, "dir_heads": self._dir_heads,
@@ -111,11 +114,14 @@ class Handlers:
         self.installed = {}
 
     async def __call__(self, peer_id: str, method: str, params: dict[str, Any]) -> Any:
+        return self.answer(peer_id, method, params)
+
+    def answer(self, peer_id: str, method: str, params: dict[str, Any]) -> Any:
         handler = self._table.get(method)
         if handler is None:
             raise RemoteProtocolError(f"unknown method {method!r}")
         try:
-            return await handler(peer_id, params)
+            return handler(peer_id, params)
         except sqlite3.Error as exc:  # our store failed (e.g. a full disk): say so
             raise RemoteCallError(STORE_FAILED, f"{type(exc).__name__}: {exc}") from None
         except RemoteProtocolError as exc:  # includes IntegrityError: connection closes
@@ -123,7 +129,7 @@ class Handlers:
                         type(exc).__name__, exc)
             raise
 
-    async def _heads(self, peer: str, params: object) -> dict[str, Any]:
+    def _heads(self, peer: str, params: object) -> dict[str, Any]:
         keys = _keys(params, "heads")
         out = []
         for key in keys:
@@ -135,7 +141,7 @@ class Handlers:
             out.append(head.to_wire())
         return {"heads": out}
 
-    async def _fetch(self, peer: str, params: object) -> dict[str, Any]:
+    def _fetch(self, peer: str, params: object) -> dict[str, Any]:
         rid = _exact(params, {"id"}, "fetch")["id"]
         if not isinstance(rid, bytes) or len(rid) != RECORD_ID_BYTES:
             raise RemoteProtocolError(f"fetch: id must be {RECORD_ID_BYTES} bytes")
@@ -144,7 +150,7 @@ class Handlers:
             raise RemoteCallError(UNKNOWN_ID, f"no record {rid.hex()[:16]}")
         return {"record": record.to_wire()}
 
-    async def _install(self, peer: str, params: object) -> dict[str, Any]:
+    def _install(self, peer: str, params: object) -> dict[str, Any]:
         raw = _exact(params, {"records"}, "install")["records"]
         if not isinstance(raw, list) or not 0 < len(raw) <= MAX_RECORDS_PER_INSTALL:
             raise RemoteProtocolError(f"install: records must be a list of "
@@ -168,7 +174,7 @@ class Handlers:
             return {"installed": installed}
         return {"installed": self.store.install_many(records)}
 
-    async def _announce(self, peer: str, params: object) -> dict[str, Any]:
+    def _announce(self, peer: str, params: object) -> dict[str, Any]:
         heads = _heads(params, "announce")
         for head in heads:  # validate all before writing any
             if self.roster.owners.get(head.key) != peer or head.owner != peer:
@@ -178,11 +184,11 @@ class Handlers:
             self.store.set_synced_head(head)
         return {"ack": True}
 
-    async def _versions(self, peer: str, params: object) -> dict[str, Any]:
+    def _versions(self, peer: str, params: object) -> dict[str, Any]:
         keys = _keys(params, "versions")
         return {"heads": [h.to_wire() for h in map(self.store.latest, keys) if h is not None]}
 
-    async def _commit(self, peer: str, params: object) -> dict[str, Any]:
+    def _commit(self, peer: str, params: object) -> dict[str, Any]:
         heads = _heads(params, "commit")
         if self.agent_id != CENTRAL_ID:
             raise RemoteCallError(NOT_CENTRAL, f"{self.agent_id} is not the directory")
@@ -190,7 +196,7 @@ class Handlers:
             self.store.dir_commit(head, committer=peer)
         return {"ack": True}
 
-    async def _dir_heads(self, peer: str, params: object) -> dict[str, Any]:
+    def _dir_heads(self, peer: str, params: object) -> dict[str, Any]:
         keys = _keys(params, "dir_heads")
         if self.agent_id != CENTRAL_ID:
             raise RemoteCallError(NOT_CENTRAL, f"{self.agent_id} is not the directory")

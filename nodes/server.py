@@ -12,12 +12,17 @@ plus the connection limits of ``nodes/limits.py``:
    none, the new connection is refused. ``refused`` counts both.
 7. :meth:`DataPlaneServer.rekey` swaps identity and roster (a new episode) and closes
    every connection of the previous one; the listening socket stays bound.
+8. A ``sync_handler`` (the node's) is answered inline by the connection's reader: no
+   task per request, and the answer is written before the next frame is read, unless
+   the socket or a frame still going out holds it back (then a task sends it, and
+   counts against ``max_in_flight`` as a running request does).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -27,6 +32,7 @@ from nodes.transport import (
     Counters,
     FramedStream,
     Handler,
+    SyncHandler,
     error_body,
     pack_body,
     parse_request,
@@ -55,15 +61,23 @@ class _Conn:
 class DataPlaneServer:
     """The server's state; :func:`serve_data_plane` runs it."""
 
-    def __init__(self, *, identity: Identity, roster: Roster, handler: Handler,
-                 counters: Counters, limits: Limits) -> None:
+    def __init__(self, *, identity: Identity, roster: Roster, handler: Handler | None = None,
+                 sync_handler: SyncHandler | None = None, counters: Counters,
+                 limits: Limits) -> None:
+        if (handler is None) == (sync_handler is None):
+            raise TypeError("DataPlaneServer: pass exactly one of handler, sync_handler")
         self.identity = identity
         self.roster = roster
-        self.handler = handler
+        self.handler: Handler = handler or self._call_sync
+        self.sync_handler = sync_handler
         self.counters = counters
         self.limits = limits
         self.conns: dict[_Conn, None] = {}  # insertion order = age
         self.logs = RateLimitedLog(log, rate_per_s=limits.log_lines_per_s)
+
+    async def _call_sync(self, peer: str, method: str, params: dict[str, Any]) -> Any:
+        assert self.sync_handler is not None
+        return self.sync_handler(peer, method, params)
 
     def rekey(self, identity: Identity, roster: Roster) -> None:
         """New pinned keys (a new episode): close every connection made under the old."""
@@ -163,6 +177,20 @@ class DataPlaneServer:
             self.conns.pop(conn, None)
             await framed.aclose()
 
+    def _answer_now(self, peer: str, rid: int, method: str, params: dict[str, Any]) -> bytes:
+        """The response body of one request from :attr:`sync_handler` (raises
+        RemoteProtocolError for a request that closes the connection)."""
+        assert self.sync_handler is not None
+        try:
+            return pack_body({"i": rid, "r": self.sync_handler(peer, method, params)})
+        except RemoteCallError as exc:
+            return error_body(rid, exc.code, exc.message)
+        except RemoteProtocolError:
+            raise
+        except Exception as exc:  # our handler's bug: answer, log, keep serving
+            log.exception("handler for %r from %s failed", method, peer)
+            return error_body(rid, "internal", f"{type(exc).__name__}: {exc}")
+
     async def _serve_requests(self, framed: FramedStream, session: Session,
                               conn: _Conn) -> None:
         fault: list[RemoteProtocolError] = []
@@ -191,30 +219,53 @@ class DataPlaneServer:
                 except Exception as exc:  # our handler's bug: answer, log, keep serving
                     log.exception("handler for %r from %s failed", method, session.peer_id)
                     body = error_body(rid, "internal", f"{type(exc).__name__}: {exc}")
+                await send(framed.send_sealed, session, body)
+
+            async def send(fn: Callable[..., Awaitable[None]], *args: Any) -> None:
                 try:
-                    await framed.send_sealed(session, body)
+                    await fn(*args)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     nursery.cancel_scope.cancel()
 
+            async def send_later(fn: Callable[..., Awaitable[None]], *args: Any) -> None:
+                nonlocal in_flight
+                try:
+                    await send(fn, *args)
+                finally:
+                    in_flight -= 1
+
+            idle = trio.CancelScope()  # one scope, its deadline moved per frame
             try:
-                while True:
-                    wait_s = limits.idle_timeout_s if conn.proven \
-                        else limits.first_frame_timeout_s
-                    with trio.move_on_after(wait_s) as waited:
+                with idle:
+                    while True:
+                        idle.deadline = trio.current_time() + (
+                            limits.idle_timeout_s if conn.proven
+                            else limits.first_frame_timeout_s)
                         msg = await framed.receive_opened(session)
-                    if waited.cancelled_caught:
-                        timed_out = True
-                        nursery.cancel_scope.cancel()
-                        break
-                    conn.proven = True
-                    if msg is None:
-                        break
-                    request = parse_request(msg)
-                    if in_flight >= limits.max_in_flight:
-                        raise RemoteProtocolError(
-                            f"more than {limits.max_in_flight} requests in flight")
-                    in_flight += 1
-                    nursery.start_soon(run_one, *request)
+                        conn.proven = True
+                        if msg is None:
+                            break
+                        rid, method, params = parse_request(msg)
+                        if in_flight >= limits.max_in_flight:
+                            raise RemoteProtocolError(
+                                f"more than {limits.max_in_flight} requests in flight")
+                        if self.sync_handler is None:
+                            in_flight += 1
+                            nursery.start_soon(run_one, rid, method, params)
+                            continue
+                        # Rule 2 with a synchronous handler: it cannot wait, and its
+                        # answer goes out now unless the socket or another frame holds
+                        # it back; then a task finishes it and the next request is read.
+                        body = self._answer_now(session.peer_id, rid, method, params)
+                        if not framed.send_sealed_nowait(session, body):
+                            in_flight += 1
+                            nursery.start_soon(send_later, framed.send_sealed, session, body)
+                        elif framed.unsent:
+                            in_flight += 1
+                            nursery.start_soon(send_later, framed.flush)
+                if idle.cancelled_caught:
+                    timed_out = True
+                    nursery.cancel_scope.cancel()
             except RemoteProtocolError as exc:
                 fault.append(exc)
                 nursery.cancel_scope.cancel()
@@ -229,7 +280,9 @@ class DataPlaneServer:
 
 async def serve_data_plane(*, host: str, port: int, server: DataPlaneServer | None = None,
                            identity: Identity | None = None, roster: Roster | None = None,
-                           handler: Handler | None = None, counters: Counters | None = None,
+                           handler: Handler | None = None,
+                           sync_handler: SyncHandler | None = None,
+                           counters: Counters | None = None,
                            limits: Limits | None = None,
                            handshake_timeout_s: float | None = None,
                            max_in_flight: int | None = None,
@@ -243,16 +296,17 @@ async def serve_data_plane(*, host: str, port: int, server: DataPlaneServer | No
     ``congestion_control`` is set on the listeners (accepted connections inherit it).
     """
     if server is None:
-        if identity is None or roster is None or handler is None or counters is None:
+        if identity is None or roster is None or counters is None \
+                or (handler is None and sync_handler is None):
             raise TypeError("serve_data_plane: pass server= or identity, roster, handler "
-                            "and counters")
+                            "(or sync_handler) and counters")
         changes: dict[str, Any] = {}
         if handshake_timeout_s is not None:
             changes["handshake_timeout_s"] = handshake_timeout_s
         if max_in_flight is not None:
             changes["max_in_flight"] = max_in_flight
         server = DataPlaneServer(identity=identity, roster=roster, handler=handler,
-                                 counters=counters,
+                                 sync_handler=sync_handler, counters=counters,
                                  limits=(limits or Limits()).override(changes))
     listeners = await trio.open_tcp_listeners(port, host=host)
     try:

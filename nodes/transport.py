@@ -19,12 +19,16 @@ Rules this module enforces:
    response. ``reuse``: one lazily opened connection per peer, requests multiplexed
    by id, a reader task per connection; no response caching; a broken connection is
    dropped from the pool and the next call opens a new one.
+6. A frame is one write of prefix + body (when the socket buffer takes it) and the
+   receiver reads only when the socket is readable; no byte of a frame changes for it.
 """
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import logging
+import os
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, fields
@@ -42,6 +46,8 @@ from protocols.errors import (
 log = logging.getLogger("nodes.transport")
 
 Handler = Callable[[str, str, dict[str, Any]], Awaitable[Any]]
+#: A handler that answers without awaiting (the node's): the server runs it inline.
+SyncHandler = Callable[[str, str, dict[str, Any]], Any]
 Connection = Literal["fresh", "reuse"]
 CONNECTION_SETTINGS: tuple[str, ...] = ("fresh", "reuse")
 HANDSHAKE_TIMEOUT_S = 10.0  # the default of nodes.limits.Limits.handshake_timeout_s
@@ -85,6 +91,13 @@ class FramedStream:
 
     Until :meth:`authenticated` it accepts frames of at most ``pre_auth_max_bytes``
     and reads no byte beyond the frame being received (rule 6 of ``protocols.auth``).
+
+    The frame path talks to the socket's descriptor directly (rule 6 of this module):
+    a send writes the whole frame with one ``write`` when the socket takes it (no
+    scheduler round trip), a receive waits for readability and then reads once (no
+    ``recv`` that fails with EAGAIN first). Errors are translated as trio's
+    ``SocketStream`` does (a closed socket: ``ClosedResourceError``; any other OSError:
+    ``BrokenResourceError``).
     """
 
     def __init__(self, stream: trio.SocketStream, counters: Counters, *,
@@ -93,7 +106,10 @@ class FramedStream:
         self._counters = counters
         self._decoder = wire.FrameDecoder(max_frame_bytes=pre_auth_max_bytes)
         self._exact = True
-        self._send_lock = trio.Lock()
+        # A semaphore, not a Lock: a frame started inline by one task may be finished
+        # by another (:meth:`send_sealed_nowait`, :meth:`flush`).
+        self._send_lock = trio.Semaphore(1, max_value=1)
+        self._unsent: memoryview | None = None  # rest of a frame started inline
         self._torn = False  # a send was interrupted mid-frame: the stream is unusable
 
     def authenticated(self) -> None:
@@ -109,6 +125,39 @@ class FramedStream:
     def torn(self) -> bool:
         return self._torn
 
+    def _fd(self) -> int:
+        fd: int = self.stream.socket.fileno()
+        if fd == -1:
+            raise trio.ClosedResourceError("this socket was already closed")
+        return fd
+
+    def _write_some(self, view: memoryview) -> int:
+        try:
+            return os.write(self._fd(), view)
+        except BlockingIOError:
+            return 0
+        except OSError as exc:
+            raise _stream_error(exc) from exc
+
+    async def _write_all(self, data: bytes | memoryview) -> None:
+        with memoryview(data) as view:
+            sent = self._write_some(view)
+            while sent < len(view):
+                await trio.lowlevel.wait_writable(self.stream.socket)
+                sent += self._write_some(view[sent:])
+
+    async def _read_some(self, max_bytes: int) -> bytes:
+        sock = self.stream.socket
+        while True:
+            self._fd()
+            await trio.lowlevel.wait_readable(sock)
+            try:
+                return os.read(self._fd(), max_bytes)
+            except BlockingIOError:
+                continue
+            except OSError as exc:
+                raise _stream_error(exc) from exc
+
     async def _send_frame(self, frame: bytes) -> None:
         if self._torn:
             raise trio.ClosedResourceError("an earlier send was interrupted mid-frame")
@@ -117,26 +166,91 @@ class FramedStream:
         self._counters.bytes_sent += len(frame)
         self._counters.frames_sent += 1
         self._torn = True
-        await self.stream.send_all(frame)
+        await self._write_all(frame)
         self._torn = False
+
+    async def _acquire_send(self) -> None:
+        # A cancelled task sends nothing (as ``async with lock`` would); an uncontended
+        # lock costs no scheduler round trip.
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            self._send_lock.acquire_nowait()
+        except trio.WouldBlock:
+            await self._send_lock.acquire()
 
     async def send_body(self, body: bytes) -> None:
         """Send an unsealed frame: only the channel handshake sends these."""
-        async with self._send_lock:
+        await self._acquire_send()
+        try:
             frame = wire.encode_frame(body)
             self._counters.handshake_bytes_sent += len(frame)
             await self._send_frame(frame)
+        finally:
+            self._send_lock.release()
 
     async def send_sealed(self, session: Session, body: bytes) -> None:
         """Encrypt and send under one lock, so nonces go out in counter order."""
-        async with self._send_lock:
+        await self._acquire_send()
+        try:
             await self._send_frame(wire.encode_frame(session.encrypt(body)))
+        finally:
+            self._send_lock.release()
+
+    def send_sealed_nowait(self, session: Session, body: bytes) -> bool:
+        """:meth:`send_sealed` without waiting, if nobody else is sending: False if the
+        lock is taken (nothing was done). True: the frame was sealed and written as far
+        as the socket took it; if :attr:`unsent`, the caller must ``await flush()``."""
+        try:
+            self._send_lock.acquire_nowait()
+        except trio.WouldBlock:
+            return False
+        try:
+            if self._torn:
+                raise trio.ClosedResourceError("an earlier send was interrupted mid-frame")
+            frame = wire.encode_frame(session.encrypt(body))
+            self._counters.bytes_sent += len(frame)
+            self._counters.frames_sent += 1
+            self._torn = True
+            view = memoryview(frame)
+            sent = self._write_some(view)
+        except BaseException:
+            self._send_lock.release()
+            raise
+        if sent < len(view):
+            self._unsent = view[sent:]  # the lock stays taken until flush() ends
+        else:
+            self._torn = False
+            self._send_lock.release()
+        return True
+
+    @property
+    def unsent(self) -> bool:
+        return self._unsent is not None
+
+    async def flush(self) -> None:
+        """Finish the frame :meth:`send_sealed_nowait` started, then release the lock."""
+        rest, self._unsent = self._unsent, None
+        try:
+            if rest is not None:
+                await self._write_all(rest)
+                self._torn = False
+        finally:
+            self._send_lock.release()
 
     async def receive_body(self) -> bytes | None:
-        body = await wire.read_frame(self.stream, self._decoder, exact=self._exact)
-        if body is not None:
-            self._counters.bytes_received += wire.PREFIX_BYTES + len(body)
-            self._counters.frames_received += 1
+        decoder = self._decoder
+        while True:
+            body = decoder.next_frame()
+            if body is not None:
+                break
+            data = await self._read_some(
+                decoder.wanted_bytes() if self._exact else wire.RECEIVE_CHUNK_BYTES)
+            if not data:
+                decoder.close()
+                return None
+            decoder.receive_data(data)
+        self._counters.bytes_received += wire.PREFIX_BYTES + len(body)
+        self._counters.frames_received += 1
         return body
 
     async def receive_opened(self, session: Session) -> Any | None:
@@ -151,6 +265,13 @@ class FramedStream:
 
     async def aclose(self) -> None:
         await trio.aclose_forcefully(self.stream)
+
+
+def _stream_error(exc: OSError) -> trio.ClosedResourceError | trio.BrokenResourceError:
+    """trio's translation of a socket error into a stream error."""
+    if exc.errno in (errno.EBADF, errno.ENOTSOCK):
+        return trio.ClosedResourceError("this socket was already closed")
+    return trio.BrokenResourceError(f"socket connection broken: {exc}")
 
 
 def set_nodelay(stream: trio.SocketStream) -> None:

@@ -44,6 +44,7 @@ MAX_OBJECTS = 256 * 1024  # per body; the largest honest body holds about 37 Ki
 RECEIVE_CHUNK_BYTES = 256 * 1024
 
 _PLAIN_SCALARS = (type(None), bool, int, float, str, bytes)
+_EXACT_SCALARS = frozenset(_PLAIN_SCALARS)
 
 
 def encode_frame(body: bytes, *, max_frame_bytes: int = MAX_FRAME_BYTES) -> bytes:
@@ -84,6 +85,10 @@ class FrameDecoder:
     def feed(self, data: bytes | bytearray) -> list[bytes]:
         """Add ``data``; return the bodies of the frames it completed."""
         self._check_usable()
+        if not self._buffer and len(data) > PREFIX_BYTES:  # the usual case: one whole frame
+            size = int.from_bytes(data[:PREFIX_BYTES], "big")
+            if len(data) == PREFIX_BYTES + size and size <= self.max_frame_bytes:
+                return [bytes(data[PREFIX_BYTES:])]
         self._buffer += data
         bodies: list[bytes] = []
         buf = self._buffer
@@ -164,6 +169,18 @@ def unpack_counted(body: bytes, *, max_frame_bytes: int = MAX_FRAME_BYTES
     """:func:`unpack`, also returning how many objects the body held."""
     if len(body) > max_frame_bytes:
         raise RemoteProtocolError(f"body of {len(body)} bytes exceeds {max_frame_bytes}")
+    if len(body) <= MAX_OBJECTS:
+        # Every object takes at least one byte, so a body this small cannot hold more
+        # than MAX_OBJECTS: nothing to stop while msgpack builds it (check_plain counts).
+        try:
+            obj = msgpack.unpackb(
+                body, raw=False, strict_map_key=True, use_list=True,
+                max_str_len=MAX_STR_BYTES, max_bin_len=max_frame_bytes,
+                max_array_len=MAX_ARRAY_ITEMS, max_map_len=MAX_MAP_ITEMS, max_ext_len=0)
+        except Exception as exc:  # as below
+            raise RemoteProtocolError(f"malformed msgpack body: {type(exc).__name__}: "
+                                      f"{exc}") from None
+        return obj, check_plain(obj)
     containers = 0
 
     def count(container: Any) -> Any:
@@ -195,26 +212,37 @@ class _TooManyObjects(Exception):
 def check_plain(obj: Any) -> int:
     """Reject extension values, non-str map keys, nesting deeper than MAX_DEPTH and
     bodies of more than MAX_OBJECTS objects (every container, key and scalar)."""
+    scalars = _EXACT_SCALARS  # what msgpack builds; subclasses take the long way below
     stack: list[tuple[Any, int]] = [(obj, 0)]
     seen = 0
     while stack:
         item, depth = stack.pop()
         seen += 1
-        if seen > MAX_OBJECTS:
-            raise RemoteProtocolError(f"body holds more than {MAX_OBJECTS} objects")
-        if isinstance(item, _PLAIN_SCALARS):
+        kind = type(item)
+        if kind in scalars or isinstance(item, _PLAIN_SCALARS):
             continue
         if depth >= MAX_DEPTH:
             raise RemoteProtocolError(f"body nests deeper than {MAX_DEPTH} levels")
         if isinstance(item, list):
-            stack.extend((x, depth + 1) for x in item)
+            for value in item:
+                if type(value) in scalars:
+                    seen += 1
+                else:
+                    stack.append((value, depth + 1))
         elif isinstance(item, dict):
             for key, value in item.items():
-                if not isinstance(key, str):
+                if type(key) is not str and not isinstance(key, str):
                     raise RemoteProtocolError(
                         f"map key of type {type(key).__name__}; only str keys allowed")
-                seen += 1
-                stack.append((value, depth + 1))
+                if type(value) in scalars:
+                    seen += 2
+                else:
+                    seen += 1
+                    stack.append((value, depth + 1))
         else:
             raise RemoteProtocolError(f"value of type {type(item).__name__} not allowed")
+        if seen > MAX_OBJECTS:
+            raise RemoteProtocolError(f"body holds more than {MAX_OBJECTS} objects")
+    if seen > MAX_OBJECTS:
+        raise RemoteProtocolError(f"body holds more than {MAX_OBJECTS} objects")
     return seen

@@ -310,7 +310,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     else:
         from testbed.tools.bench_episode import bench_episode
 
-        result = trio.run(bench_episode, json_path, console)
+        result = trio.run(lambda: bench_episode(json_path, console,
+                                                loopback_only=args.loopback_only))
     if json_path is None or args.bench_cmd == "rpc":
         console.print_json(json.dumps(result, default=str))
     return 0
@@ -439,6 +440,9 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "link":
             b.add_argument("--backend", choices=["userspace", "netem"], default="userspace",
                            help="link backend to measure (default userspace)")
+        if name == "episode":
+            b.add_argument("--loopback-only", action="store_true",
+                           help="only the loopback cells (skip the AT&T cell run as root)")
         if name == "limits":
             b.add_argument("--network", default="loopback",
                            help="network of the primary grid to run (default loopback)")

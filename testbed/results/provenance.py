@@ -15,8 +15,8 @@ from typing import Any
 SOURCE_ROOT = Path(__file__).resolve().parents[2]
 """The checkout this code runs from (site-packages for a wheel install: no git, no lock)."""
 LOCK_NAME = "requirements.lock"
-_PACKAGES = ("planfence-testbed", "trio", "pyroute2", "msgpack", "PyNaCl", "numpy", "pandas",
-             "pyarrow", "rich", "pydantic")
+_PACKAGES = ("planfence-testbed", "trio", "pyroute2", "msgpack", "PyNaCl", "cryptography",
+             "numpy", "pandas", "pyarrow", "rich", "pydantic")
 
 
 def package_versions() -> dict[str, str]:

@@ -5,7 +5,8 @@ PlanFence on loopback with 5 agents, 8 keys, rho = 4, once with a new connection
 RPC and once with reused connections; reports the median over templates of the
 per-episode stall per action, and the share of each episode's wall time spent in
 per-episode setup (store reset, seeding, trace restart). As root it also runs the
-same PlanFence cell over the AT&T profile, where setup is a smaller share.
+same PlanFence cell over the AT&T profile, where setup is a smaller share (``loopback_only``
+skips it: no emulator, seconds instead of minutes).
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ async def _run(raw: dict[str, Any], scratch: Path, console: Console) -> tuple[pd
     return episodes, shares
 
 
-async def bench_episode(json_path: Path | None, console: Console) -> dict[str, Any]:
+async def bench_episode(json_path: Path | None, console: Console, *,
+                        loopback_only: bool = False) -> dict[str, Any]:
     result: dict[str, Any] = {"templates": TEMPLATES, "policy": "planfence", "agents": 5,
                               "keys": 8, "rho": 4}
     with tempfile.TemporaryDirectory(prefix="tb-bench-episode-") as tmp:
@@ -62,7 +64,7 @@ async def bench_episode(json_path: Path | None, console: Console) -> dict[str, A
             result[f"loopback_{connection}_kib_per_action"] = float(kib.median())
         result["loopback_setup_share_p50"] = statistics.median(shares) if shares else None
         result["loopback_episode_wall_s_p50"] = float(ok["wall_s"].median())
-        if os.geteuid() == 0:
+        if os.geteuid() == 0 and not loopback_only:
             episodes, shares = await _run(_campaign("bench-att", "att", ["fresh"]), scratch,
                                           console)
             ok = episodes[~episodes["aborted"]]

@@ -59,6 +59,7 @@ REQUIRED_PACKAGES: dict[str, tuple[int, ...]] = {
     "pyroute2": (0, 9, 2),
     "msgpack": (1, 2, 1),
     "PyNaCl": (1, 6, 2),
+    "cryptography": (43,),
     "numpy": (1, 26),
     "pandas": (2, 2),
     "pyarrow": (15,),

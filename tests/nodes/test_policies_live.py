@@ -43,8 +43,8 @@ def _in_node_process() -> bool:
 if _in_node_process():
     _honest_heads = rpc.Handlers._heads
 
-    async def _forged_heads(self: rpc.Handlers, peer: str, params: object) -> dict[str, Any]:
-        answer = await _honest_heads(self, peer, params)
+    def _forged_heads(self: rpc.Handlers, peer: str, params: object) -> dict[str, Any]:
+        answer = _honest_heads(self, peer, params)
         if self.agent_id == LIAR:
             for head in answer["heads"]:
                 head["id"] = hashlib.blake2b(head["id"], digest_size=32).digest()

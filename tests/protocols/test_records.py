@@ -157,6 +157,27 @@ def test_verify_rejects_author_other_than_owner() -> None:
         verify_record(record, ROSTER)
 
 
+def test_a_verified_signature_is_remembered_only_for_that_roster() -> None:
+    record = fixed_record()
+    verify_record(record, ROSTER)
+    verify_record(record, ROSTER)  # the same object under the same roster: passes again
+    # Another roster pins another key for agent-0: the signature is checked again there.
+    other = Roster.build([Member("agent-0", TEAM["agent-1"].public_key, "127.0.0.1", 1),
+                          Member("agent-1", TEAM["agent-1"].public_key, "127.0.0.1", 1)],
+                         {"k000": "agent-0"}, AGENTS)
+    with pytest.raises(IntegrityError, match="signature"):
+        verify_record(record, other)
+    # ... and the owner rules are checked every time.
+    moved = Roster.build(list(ROSTER.members.values()), {"k000": "agent-1"}, AGENTS)
+    with pytest.raises(OwnerRuleError, match="belongs to"):
+        verify_record(record, moved)
+    with pytest.raises(IntegrityError, match="digest"):
+        verify_record(record, ROSTER, expected_id=bytes(32))
+    # A forged copy is a new object: nothing carries over.
+    with pytest.raises(IntegrityError, match="signature"):
+        verify_record(dataclasses.replace(record, signature=bytes(64)), ROSTER)
+
+
 # --- decoding peer input -----------------------------------------------------------------------
 
 def _wire(**changes: Any) -> dict[str, Any]:
