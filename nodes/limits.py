@@ -12,7 +12,9 @@ What each limit bounds (docs/architecture.md, "Threat model"):
   unauthenticated connection holds at most one handshake frame.
 - ``first_frame_timeout_s``: handshake done -> first authenticated frame. A replayed
   handshake message 1 completes a handshake that its sender cannot use; this closes
-  it. An honest client sends its first request right after the handshake.
+  it. An honest client sends its first request right after the handshake, but on a
+  slow link it may arrive late, so a node raises both pre-request timeouts to its
+  ``rpc_timeout_s`` (:meth:`Limits.for_rpc_timeout`).
 - ``idle_timeout_s``: an authenticated connection that receives nothing for this long
   is closed (honest pooled connections are closed at every episode's reset).
 - ``max_connections`` / ``max_connections_per_peer``: concurrent inbound connections.
@@ -50,6 +52,19 @@ class Limits:
     install_records_per_peer: int = 16384
     install_bytes_per_peer: int = 512 * 1024 * 1024
     log_lines_per_s: float = 5.0
+
+    @classmethod
+    def for_rpc_timeout(cls, rpc_timeout_s: float) -> Limits:
+        """The defaults for a node whose calls may take ``rpc_timeout_s``: the two
+        pre-request timeouts are at least that long, because on a slow link an honest
+        client's handshake and first request wait behind the bytes already queued on
+        its uplink (a 300 KiB artifact is 3 s at AT&T's mean rate), and the client
+        gives up on the call only after ``rpc_timeout_s`` itself."""
+        floor = float(rpc_timeout_s)
+        defaults = cls()
+        return replace(defaults,
+                       handshake_timeout_s=max(defaults.handshake_timeout_s, floor),
+                       first_frame_timeout_s=max(defaults.first_frame_timeout_s, floor))
 
     def to_wire(self) -> dict[str, Any]:
         return asdict(self)

@@ -268,7 +268,8 @@ class Node:
         _check_identity(cfg.identity, roster)
         make_policy(cfg.policy)  # validate the name before changing anything
         try:
-            limits = Limits().override(field(args, "limits", dict, default={}))
+            limits = Limits.for_rpc_timeout(cfg.rpc_timeout_s).override(
+                field(args, "limits", dict, default={}))
         except LimitsError as exc:
             raise ControlError(str(exc)) from None
         self.limits = limits

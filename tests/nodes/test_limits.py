@@ -37,3 +37,16 @@ def test_episode_identities_differ_from_each_other_and_from_the_campaign_key() -
             Identity.derive("a0", 8, episode="x/1/e").public_key}
     assert len(keys) == 4
     assert Identity.derive("a0", 7, episode="e") == Identity.derive("a0", 7, episode="e")
+
+
+def test_pre_request_timeouts_cover_the_calls_rpc_timeout() -> None:
+    """On a slow link an honest first request may wait behind queued artifacts for
+    longer than the 10 s default (the AT&T artifact tier did): a node allows as long as
+    its callers do, and keeps the defaults where those are longer."""
+    slow = Limits.for_rpc_timeout(60)
+    assert (slow.handshake_timeout_s, slow.first_frame_timeout_s) == (60.0, 60.0)
+    assert slow.idle_timeout_s == Limits().idle_timeout_s
+    assert slow.max_connections == Limits().max_connections
+    fast = Limits.for_rpc_timeout(2)
+    assert (fast.handshake_timeout_s, fast.first_frame_timeout_s) == (10.0, 10.0)
+    assert slow.override({"first_frame_timeout_s": 1}).first_frame_timeout_s == 1.0
