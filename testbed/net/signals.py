@@ -2,11 +2,19 @@
 
 SIGINT already reaches trio as KeyboardInterrupt; SIGTERM must too, because a process
 started in the background by a non-interactive shell ignores SIGINT.
+
+The handler belongs to the process that installed it. pyroute2 forks short-lived
+children (a socket made inside a namespace, its fd sent back) and stops them with
+SIGTERM; a child inherits the handler, and calling into the parent's trio run there
+blocks on locks other threads held at the fork, so the child never exits and the
+parent waits for it forever (seen once in a 320-episode campaign). In any other
+process the handler therefore does what SIGTERM does by default: exit at once.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -24,14 +32,18 @@ class _SigtermScopes:
     def __init__(self) -> None:
         self.scopes: dict[int, tuple[trio.lowlevel.TrioToken, trio.CancelScope]] = {}
         self.previous: Any = None
+        self.owner_pid = os.getpid()
 
     def on_sigterm(self, signum: int, frame: Any) -> None:
+        if os.getpid() != self.owner_pid:  # a forked child (module docstring)
+            os._exit(128 + signum)
         for token, scope in list(self.scopes.values()):
             with contextlib.suppress(trio.RunFinishedError):
                 token.run_sync_soon(scope.cancel)
 
     def add(self, scope: trio.CancelScope) -> None:
         if not self.scopes:
+            self.owner_pid = os.getpid()
             self.previous = signal.signal(signal.SIGTERM, self.on_sigterm)
         self.scopes[id(scope)] = (trio.lowlevel.current_trio_token(), scope)
 
