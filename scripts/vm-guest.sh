@@ -66,6 +66,8 @@ if [ -s "$RUN/pyimg.map" ] && modprobe virtio_blk && modprobe squashfs; then
 fi
 
 export COLUMNS=180
+# timing assertions of rates allow for the emulated CPU (tests/testbed/net/test_link_fidelity.py)
+export TESTBED_TCG_GUEST=1
 PY=.venv/bin/python
 
 say "testbed doctor"

