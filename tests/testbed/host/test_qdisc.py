@@ -135,10 +135,10 @@ def test_a_kick_wakes_a_tbf_that_sleeps_on_its_old_rate() -> None:
     ok, why = probe_qdisc("tbf", tbf_params(1000, limit_bytes=15_000))
     if not ok:
         pytest.skip(f"tbf unavailable here: {why}")
-    # without a kick the backlog waits for the timer set at 8 kbit/s (a frame: 1.4 s,
-    # less what the bucket held); with one it leaves at 12 Mbit/s (1 ms a frame)
-    slept = _arrivals_after_a_rate_rise(kick=False)
+    # Without a kick the backlog may wait for the timer set at 8 kbit/s (a frame: 1.4 s,
+    # less what the bucket held): it did in the guest kernel, but not in every run here,
+    # where a change sometimes finds the watchdog unarmed, so that case is no assertion.
+    # With a kick the backlog always leaves at 12 Mbit/s (1 ms a frame).
     woken = _arrivals_after_a_rate_rise(kick=True)
     assert len(woken) == 5, woken
     assert max(woken) < 0.1
-    assert len(slept) < 5 or max(slept) > 0.15, slept
