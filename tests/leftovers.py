@@ -31,3 +31,13 @@ def run_objects(owners: set[int] | None = None) -> set[str]:
             dead.add(f"ledger {path.name}")
     return {f"netns {n}" for n in kernel.list_netns()
             if n.startswith("tb") and n not in held} | dead
+
+
+def prefix_objects(prefix: str) -> list[str]:
+    """The namespaces, links and ledger state file of the run with ``prefix`` that still
+    exist (a test that knows its run's prefix)."""
+    found = [n for n in kernel.list_netns() if n.startswith(prefix)]
+    found += [n for n in kernel.list_links() if n.startswith(prefix)]
+    if (ledger_mod.STATE_DIR / f"{prefix}.json").exists():
+        found.append("ledger state file")
+    return found

@@ -1,4 +1,5 @@
-"""Run a function as the unprivileged user ``nobody`` (for tests run as root)."""
+"""Privileges and host features of tests: run a function as the unprivileged user
+``nobody`` (for tests run as root); skip unless the kernel runs netem."""
 
 from __future__ import annotations
 
@@ -34,3 +35,17 @@ def as_nobody(fn: Callable[[], Any]) -> Any:
     _, wait_status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(wait_status) == 0, "the unprivileged child failed"
     return json.loads(payload)
+
+
+def require_netem() -> None:
+    """Skip unless root on a kernel that runs netem (call it outside trio, e.g. in a
+    fixture, so the reason survives)."""
+    import pytest
+
+    from testbed.links.netem import netem_available
+
+    if os.geteuid() != 0:
+        pytest.skip("netem backend needs root")
+    ok, why = netem_available()
+    if not ok:
+        pytest.skip(f"netem unavailable on this kernel: {why}")

@@ -25,7 +25,7 @@ from testbed.links.netem_plan import (
 )
 from testbed.links.profiles import LinkSpec, NetworkProfile, get_profile
 from testbed.links.traces import Trace, load_named
-from tests.privileges import as_nobody
+from tests.privileges import as_nobody, require_netem
 
 
 def make(stamps: list[int]) -> Trace:
@@ -281,12 +281,7 @@ def test_probe_without_root_says_so() -> None:
 
 @pytest.fixture
 def netem_ready() -> None:
-    """Skip (outside trio, so the reason survives) unless this kernel runs netem."""
-    if os.geteuid() != 0:
-        pytest.skip("netem backend needs root")
-    ok, why = netem_available()
-    if not ok:
-        pytest.skip(f"netem unavailable on this kernel: {why}")
+    require_netem()
 
 
 def _exchange(names: list[str]) -> list[float]:

@@ -10,7 +10,6 @@ checked by reading the qdiscs back through pyroute2, parameters included.
 from __future__ import annotations
 
 import math
-import os
 import socket
 import time
 from pathlib import Path
@@ -20,9 +19,8 @@ import pytest
 import trio
 
 from testbed.host import kernel
-from testbed.host import ledger as ledger_mod
 from testbed.links.backend import LinkHost
-from testbed.links.netem import NetemBackend, netem_available
+from testbed.links.netem import NetemBackend
 from testbed.links.netem_plan import (
     FRAME_BYTES,
     NETEM_DELAY_LIMIT_PACKETS,
@@ -38,6 +36,8 @@ from testbed.links.profiles import LinkSpec, NetworkProfile, get_profile
 from testbed.links.traces import kbit_per_opportunity_ms, load_named
 from testbed.net.plan import Host
 from testbed.net.topology import Topology, open_topology
+from tests.leftovers import prefix_objects
+from tests.privileges import require_netem
 
 pytestmark = [pytest.mark.privileged, pytest.mark.netem]
 
@@ -54,20 +54,7 @@ a shipped trace reaches in 10 ms (T-Mobile downlink)."""
 
 @pytest.fixture(autouse=True)
 def netem_ready() -> None:
-    """Skip (outside trio, so the reason survives) unless this kernel runs netem."""
-    if os.geteuid() != 0:
-        pytest.skip("netem backend needs root")
-    ok, why = netem_available()
-    if not ok:
-        pytest.skip(f"netem unavailable on this kernel: {why}")
-
-
-def _leftovers(prefix: str) -> list[str]:
-    found = [n for n in kernel.list_netns() if n.startswith(prefix)]
-    found += [n for n in kernel.list_links() if n.startswith(prefix)]
-    if (ledger_mod.STATE_DIR / f"{prefix}.json").exists():
-        found.append("ledger state file")
-    return found
+    require_netem()
 
 
 def _netem(topo: Topology) -> NetemBackend:
@@ -479,7 +466,7 @@ async def test_teardown_leaves_no_namespace_link_or_ledger() -> None:
             backend = _netem(topo)
             prefixes.append(topo.prefix)
             # 3 host namespaces + the switch namespace + the ledger state file
-            assert sorted(_leftovers(topo.prefix)) == sorted(
+            assert sorted(prefix_objects(topo.prefix)) == sorted(
                 [*(str(h.netns) for h in topo.hosts.values()), backend.switch_ns,
                  "ledger state file"])
             if fail:
@@ -489,6 +476,6 @@ async def test_teardown_leaves_no_namespace_link_or_ledger() -> None:
     with pytest.raises(RuntimeError, match="boom"):
         await body(True)
     for prefix in prefixes:
-        assert _leftovers(prefix) == []
+        assert prefix_objects(prefix) == []
 
 

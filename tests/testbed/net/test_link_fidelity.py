@@ -24,6 +24,7 @@ from testbed.links.logread import read_log
 from testbed.net.topology import Topology, open_topology
 from testbed.tools.echo_probe import open_echo_server, timed_exchanges
 from testbed.tools.udp_probe import StreamResult, udp_stream
+from tests.privileges import require_netem
 
 pytestmark = pytest.mark.privileged
 
@@ -48,11 +49,7 @@ def _needs(backend: str) -> None:
     if backend == "userspace" and not os.path.exists("/dev/net/tun"):
         pytest.skip("needs /dev/net/tun")
     if backend == "netem":
-        from testbed.links.netem import netem_available
-
-        ok, why = netem_available()
-        if not ok:
-            pytest.skip(f"netem unavailable on this kernel: {why}")
+        require_netem()
 
 
 @asynccontextmanager

@@ -16,12 +16,12 @@ import trio
 
 from testbed.errors import UserError
 from testbed.host import kernel, processes
-from testbed.host import ledger as ledger_mod
 from testbed.links.profiles import get_profile
 from testbed.links.userspace import UserspaceLinks, tun_name
 from testbed.net.plan import TopologyError, plan_topology
 from testbed.net.topology import Network, open_topology
 from testbed.tools.echo_probe import open_echo_server, timed_exchanges
+from tests.leftovers import prefix_objects
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -31,14 +31,6 @@ def _privileged() -> None:
         pytest.skip("needs root for network namespaces")
     if not os.path.exists("/dev/net/tun"):
         pytest.skip("needs /dev/net/tun")
-
-
-def _leftovers(prefix: str) -> list[str]:
-    found = [n for n in kernel.list_netns() if n.startswith(prefix)]
-    found += [n for n in kernel.list_links() if n.startswith(prefix)]
-    if (ledger_mod.STATE_DIR / f"{prefix}.json").exists():
-        found.append("ledger state file")
-    return found
 
 
 # ---------------------------------------------------------------- pure
@@ -142,12 +134,12 @@ async def test_teardown_leaves_nothing_even_after_an_exception() -> None:
             assert isinstance(topo.links, UserspaceLinks)
             seen["prefix"] = topo.prefix
             seen["pid"] = topo.links.emulator.process.pid
-            assert len(_leftovers(topo.prefix)) == 4  # 3 namespaces + the state file
+            assert len(prefix_objects(topo.prefix)) == 4  # 3 namespaces + the state file
             raise RuntimeError("boom")
 
     with pytest.raises(RuntimeError, match="boom"):
         await body()
-    assert _leftovers(str(seen["prefix"])) == []
+    assert prefix_objects(str(seen["prefix"])) == []
     assert processes.process_start_ticks(int(str(seen["pid"]))) is None
 
 
@@ -188,10 +180,10 @@ def test_sigterm_removes_everything() -> None:
     with _background(_SIGTERM_SCRIPT) as proc:
         assert proc.stdout is not None
         prefix, emulator_pid = proc.stdout.readline().split()
-        assert _leftovers(prefix)
+        assert prefix_objects(prefix)
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=20)
-    assert _leftovers(prefix) == []
+    assert prefix_objects(prefix) == []
     deadline = time.monotonic() + 5
     while processes.process_start_ticks(int(emulator_pid)) is not None and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -231,11 +223,11 @@ def test_sigterm_removes_the_topology_that_outlived_an_earlier_one() -> None:
         lines = [proc.stdout.readline().split() for _ in range(3)]
         prefixes = {words[0]: words[1] for words in lines if words[0] != "closed"}
         assert ["closed", "first"] in lines
-        assert _leftovers(prefixes["second"])
+        assert prefix_objects(prefixes["second"])
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=20)
-    assert _leftovers(prefixes["first"]) == []
-    assert _leftovers(prefixes["second"]) == []
+    assert prefix_objects(prefixes["first"]) == []
+    assert prefix_objects(prefixes["second"]) == []
 
 
 @pytest.mark.privileged
@@ -274,7 +266,7 @@ async def test_network_start_stop_is_the_same_topology() -> None:
     topo = await net.start()
     prefix = topo.prefix
     try:
-        assert _leftovers(prefix)  # namespaces and links exist while it runs
+        assert prefix_objects(prefix)  # namespaces and links exist while it runs
         with pytest.raises(TopologyError, match="already started"):
             await net.start()
         async with open_echo_server(topo.hosts["b"]):
@@ -284,4 +276,4 @@ async def test_network_start_stop_is_the_same_topology() -> None:
     finally:
         await net.stop()
     await net.stop()  # idempotent
-    assert _leftovers(prefix) == []
+    assert prefix_objects(prefix) == []

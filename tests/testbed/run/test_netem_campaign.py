@@ -7,7 +7,6 @@ completes (real node processes, real sockets, the trace replayed by tbf).
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from testbed.links.netem import netem_available
+from tests.privileges import require_netem
 
 pytestmark = [pytest.mark.privileged, pytest.mark.netem, pytest.mark.slow,
               pytest.mark.timeout(900)]
@@ -23,11 +22,7 @@ pytestmark = [pytest.mark.privileged, pytest.mark.netem, pytest.mark.slow,
 
 @pytest.fixture
 def netem_ready() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("netem backend needs root")
-    ok, why = netem_available()
-    if not ok:
-        pytest.skip(f"netem unavailable on this kernel: {why}")
+    require_netem()
 
 
 CAMPAIGN = """
