@@ -17,6 +17,7 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from testbed.host.kernel import socket_in_netns
@@ -27,6 +28,19 @@ _SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux
 
 IP_UDP_HEADER_BYTES = 28
 _STAMP = struct.Struct("!QQ")
+
+
+def loss_runs(lost: Sequence[bool]) -> list[int]:
+    """Lengths of the runs of consecutive True flags (lost packets, in order)."""
+    runs: list[int] = []
+    current = 0
+    for flag in lost:
+        if flag:
+            current += 1
+        elif current:
+            runs.append(current)
+            current = 0
+    return runs + ([current] if current else [])
 
 
 @dataclass(frozen=True)
@@ -45,15 +59,7 @@ class StreamResult:
 
     def loss_runs(self) -> list[int]:
         """Lengths of the runs of consecutive lost sequence numbers."""
-        runs: list[int] = []
-        current = 0
-        for flag in self.lost():
-            if flag:
-                current += 1
-            elif current:
-                runs.append(current)
-                current = 0
-        return runs + ([current] if current else [])
+        return loss_runs(self.lost())
 
     def rate_kbit(self, ip_bytes: int, *, skip: int = 0) -> float:
         """Delivered rate (IP bytes) between the SKIP-th arrival and the last one."""

@@ -21,25 +21,8 @@ from testbed.links.model import (
     TraceOpportunities,
 )
 from testbed.links.traces import TraceError, load_delay_trace
-
-
-def drain(q: LinkQueue, until_ms: float = 1e9) -> list[tuple[float, object]]:
-    out: list[tuple[float, object]] = []
-    while (nxt := q.next_event_ms()) is not None and nxt <= until_ms:
-        out.extend(q.advance(nxt))
-    return out
-
-
-def loss_runs(lost: list[bool]) -> list[int]:
-    runs, current = [], 0
-    for flag in lost:
-        if flag:
-            current += 1
-        elif current:
-            runs.append(current)
-            current = 0
-    return runs + ([current] if current else [])
-
+from testbed.tools.udp_probe import loss_runs
+from tests.testbed.links.test_model import drain
 
 # --- Gilbert-Elliott ------------------------------------------------------------------
 
