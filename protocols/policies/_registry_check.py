@@ -48,7 +48,6 @@ from protocols.records import HeadInfo
 class RegistryValidator(CommitsToDirectory):
     """Base of the stand-ins: only :meth:`version_set` differs."""
 
-    needs_central = True
     derivation_current = False
 
     @property

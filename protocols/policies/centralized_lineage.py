@@ -41,7 +41,6 @@ class CentralizedLineage(CommitsToDirectory, DerivationPolicy):
 
     name = "centralized_lineage"
     display_name = "Centralized lineage"
-    needs_central = True
     #: Read the heads of the executor's own keys from its store instead of the directory.
     own_keys_local = False
 
