@@ -113,7 +113,8 @@ async def loss_cases(n: int = 20_000) -> dict[str, dict[str, float]]:
                                 port=9500 + len(out))
             runs = got.loss_runs()
             out[key] = {"sent": float(n), "predicted_loss_pct": round(mean_pct, 3),
-                        "measured_loss_pct": round(100 * sum(got.lost()) / n, 3),
+                        "measured_loss_pct": round(100 * got.link_lost / n, 3),
+                        "receiver_drops": float(got.receiver_drops),
                         "predicted_mean_run": round(run, 3),
                         "measured_mean_run": round(statistics.mean(runs), 3) if runs else 0.0}
     return out

@@ -5,7 +5,14 @@ to the size asked for) in bursts of PER_BURST every INTERVAL_S from one namespac
 records, in another, which arrived when: the kernel's receive timestamp
 (``SO_TIMESTAMPNS``, taken when the packet reached the socket, so a receiver thread
 that a loaded host wakes late does not bunch the times), on ``time.monotonic``'s
-clock. It is
+clock.
+
+The receiving socket's own overflows are counted apart from the link's losses: the
+kernel numbers every datagram the socket dropped because its buffer was full
+(``SO_RXQ_OVFL`` on each arrival, ``SO_MEMINFO`` at the end). A receiver that the host
+or an emulated CPU stalls (measured in the VM lane's guest: 696 of 20,000 dropped in
+one 140 ms stall) would otherwise read as link loss. The buffer is forced large where
+the caller may (root), and the collector is paused while the stream runs. It is
 the probe of the fidelity tests (tests/testbed/net/test_link_fidelity.py) and of the
 loss, trace and CoDel cases of ``testbed bench link``. Runs blocking: call it through
 ``trio.to_thread.run_sync``.
@@ -13,6 +20,7 @@ loss, trace and CoDel cases of ``testbed bench link``. Runs blocking: call it th
 
 from __future__ import annotations
 
+import gc
 import socket
 import struct
 import threading
@@ -25,6 +33,12 @@ from testbed.net.plan import Host
 
 _TIMESPEC = struct.Struct("@qq")
 _SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux
+_SO_RXQ_OVFL = 40  # Linux: the socket's drop count on each received datagram
+_SO_MEMINFO = 55  # Linux: u32[SK_MEMINFO_VARS]; index 8 is the drop count
+_SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
+_MEMINFO_DROPS = 8
+_U32 = struct.Struct("@I")
+RECEIVE_BUFFER_BYTES = 64 << 20
 
 IP_UDP_HEADER_BYTES = 28
 _STAMP = struct.Struct("!QQ")
@@ -48,18 +62,36 @@ class StreamResult:
     sent: int
     arrivals: list[tuple[int, float]]  # (sequence number, receive time), in arrival order
     send_times: list[float]  # by sequence number
+    receiver_drops: int = 0
+    """Datagrams the receiving socket dropped (buffer full): the probe's, not the link's."""
+    receiver_gaps: tuple[tuple[int, int], ...] = ()
+    """Sequence ranges [first, end) of missing datagrams among which the receiver dropped
+    some (between two arrivals whose drop counts differ, or after the last arrival)."""
 
     @property
     def received(self) -> set[int]:
         return {seq for seq, _ in self.arrivals}
 
     def lost(self) -> list[bool]:
+        """Per sequence number: did it not arrive (on the link or at the receiver)."""
         got = self.received
         return [seq not in got for seq in range(self.sent)]
 
+    @property
+    def link_lost(self) -> int:
+        """Datagrams the link lost: the missing ones less the receiver's own drops."""
+        return self.sent - len(self.received) - self.receiver_drops
+
     def loss_runs(self) -> list[int]:
-        """Lengths of the runs of consecutive lost sequence numbers."""
-        return loss_runs(self.lost())
+        """Lengths of the runs of consecutive lost sequence numbers, leaving out the
+        receiver's gaps (each is a whole run of missing datagrams, not the link's)."""
+        lost = self.lost()
+        runs: list[int] = []
+        start = 0
+        for first, end in sorted(self.receiver_gaps):
+            runs += loss_runs(lost[start:first])
+            start = max(start, end)
+        return runs + loss_runs(lost[start:])
 
     def rate_kbit(self, ip_bytes: int, *, skip: int = 0) -> float:
         """Delivered rate (IP bytes) between the SKIP-th arrival and the last one."""
@@ -74,7 +106,8 @@ class StreamResult:
 
 def udp_stream(src: Host, dst: Host, *, count: int, per_burst: int = 1,
                interval_s: float = 0.001, ip_bytes: int = 128, port: int = 9400,
-               settle_s: float = 0.5, wait_s: float = 10.0) -> StreamResult:
+               settle_s: float = 0.5, wait_s: float = 10.0,
+               receive_buffer_bytes: int = RECEIVE_BUFFER_BYTES) -> StreamResult:
     """Send the stream (module docstring); after the last send, receive until nothing
     arrived for SETTLE_S (counted from the last send or arrival), at most WAIT_S."""
     payload = max(_STAMP.size, ip_bytes - IP_UDP_HEADER_BYTES)
@@ -82,14 +115,21 @@ def udp_stream(src: Host, dst: Host, *, count: int, per_burst: int = 1,
     rx = socket_in_netns(dst.netns, socket.AF_INET, socket.SOCK_DGRAM)
     tx = socket_in_netns(src.netns, socket.AF_INET, socket.SOCK_DGRAM)
     arrivals: list[tuple[int, float]] = []
+    drops_at: list[int] = []  # the socket's drop count when each arrival was queued
     send_times = [0.0] * count
     done = threading.Event()
+    collecting = gc.isenabled()
     try:
-        rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 << 20)
+        try:
+            rx.setsockopt(socket.SOL_SOCKET, _SO_RCVBUFFORCE, receive_buffer_bytes)
+        except PermissionError:  # not root: as much as net.core.rmem_max allows
+            rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer_bytes)
         rx.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+        rx.setsockopt(socket.SOL_SOCKET, _SO_RXQ_OVFL, 1)
         rx.bind((dst.address, port))
         realtime_minus_monotonic = time.time() - time.monotonic()
-        cmsg_space = socket.CMSG_SPACE(_TIMESPEC.size)
+        cmsg_space = socket.CMSG_SPACE(_TIMESPEC.size) + socket.CMSG_SPACE(_U32.size)
+        gc.disable()  # a collection in the receiver thread is a stall the socket pays for
         rx.settimeout(0.05)
         finished: list[float] = []  # the time of the last send, once sent
 
@@ -106,12 +146,16 @@ def udp_stream(src: Host, dst: Host, *, count: int, per_burst: int = 1,
                     continue
                 last = time.monotonic()
                 stamp = last
+                dropped = 0  # the kernel adds the count only once it is nonzero
                 for level, kind, raw in ancillary:
                     if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS:
                         sec, nsec = _TIMESPEC.unpack_from(raw)
                         stamp = sec + nsec / 1e9 - realtime_minus_monotonic
+                    elif level == socket.SOL_SOCKET and kind == _SO_RXQ_OVFL:
+                        (dropped,) = _U32.unpack_from(raw)
                 seq, _ = _STAMP.unpack_from(data)
                 arrivals.append((seq, stamp))
+                drops_at.append(dropped)
 
         thread = threading.Thread(target=receive, daemon=True)
         thread.start()
@@ -132,7 +176,34 @@ def udp_stream(src: Host, dst: Host, *, count: int, per_burst: int = 1,
         finished.append(time.monotonic())
         done.set()
         thread.join(wait_s + settle_s + 1.0)
+        receiver_drops = _socket_drops(rx, drops_at)
     finally:
+        if collecting:
+            gc.enable()
         tx.close()
         rx.close()
-    return StreamResult(count, list(arrivals), send_times)
+    return StreamResult(count, list(arrivals), send_times, receiver_drops,
+                        _receiver_gaps(arrivals, drops_at, receiver_drops, count))
+
+
+def _socket_drops(rx: socket.socket, drops_at: list[int]) -> int:
+    """The socket's total drop count (``SO_MEMINFO``; the last arrival's where absent)."""
+    try:
+        raw = rx.getsockopt(socket.SOL_SOCKET, _SO_MEMINFO, 4 * (_MEMINFO_DROPS + 1))
+    except OSError:
+        return drops_at[-1] if drops_at else 0
+    return int(_U32.unpack_from(raw, 4 * _MEMINFO_DROPS)[0])
+
+
+def _receiver_gaps(arrivals: list[tuple[int, float]], drops_at: list[int], total: int,
+                   count: int) -> tuple[tuple[int, int], ...]:
+    """The missing sequence ranges that hold the receiver's drops (``StreamResult``)."""
+    gaps: list[tuple[int, int]] = []
+    previous_seq, previous_drops = -1, 0
+    for (seq, _), dropped in zip(arrivals, drops_at, strict=True):
+        if dropped != previous_drops:
+            gaps.append((previous_seq + 1, max(previous_seq + 1, seq)))
+        previous_seq, previous_drops = seq, dropped
+    if total != previous_drops:
+        gaps.append((previous_seq + 1, count))
+    return tuple(gaps)
