@@ -110,7 +110,7 @@ async def loss_cases(n: int = 20_000) -> dict[str, dict[str, float]]:
         for key, src, mean_pct, run in (("loss_iid", "a", 5.0, 1 / 0.95),
                                         ("loss_gilbert", "b", ge.mean_loss_pct, 1 / ge.r)):
             got = await _stream(topo, src, "c", count=n, per_burst=5,
-                                port=9500 + len(out))
+                                port=9500 + len(out), warm_up=True)
             runs = got.loss_runs()
             out[key] = {"sent": float(n), "predicted_loss_pct": round(mean_pct, 3),
                         "measured_loss_pct": round(100 * got.link_lost / n, 3),
