@@ -15,12 +15,13 @@ one 140 ms stall) would otherwise read as link loss. The buffer is forced large 
 the caller may (root), and the collector is paused while the stream runs.
 
 With ``warm_up``, before the numbered stream, unnumbered warm-up datagrams go out every
-20 ms until one arrives (for loss measurements; a warm-up would sit in a queue that a
-test means the stream to meet empty). On the kernel backend the hosts share an Ethernet bridge, so the first
-datagram waits for ARP. When the request or the reply is lost on a lossy link, the
-kernel retries after a second and drops what it queued meanwhile (about 5,000
-datagrams of a 5,000/s stream, measured in the VM lane as 28% "loss" on a 4.8% link).
-The warm-up keeps address resolution out of what the stream measures. It is
+20 ms until one arrives (for loss and rate measurements; a warm-up would sit in a
+queue that a test means the stream to meet empty). On the kernel backend the hosts
+share an Ethernet bridge, so the first datagram waits for ARP. When the request or the
+reply is lost on a lossy link, the kernel retries after a second and drops what it
+queued meanwhile (about 5,000 datagrams of a 5,000/s stream, measured in the VM lane as
+28% "loss" on a 4.8% link). The warm-up keeps address resolution out of what the
+stream measures. It is
 the probe of the fidelity tests (tests/testbed/net/test_link_fidelity.py) and of the
 loss, trace and CoDel cases of ``testbed bench link``. Runs blocking: call it through
 ``trio.to_thread.run_sync``.
@@ -175,10 +176,10 @@ def udp_stream(src: Host, dst: Host, *, count: int, per_burst: int = 1,
         thread = threading.Thread(target=receive, daemon=True)
         thread.start()
         target = (dst.address, port)
-        warmup = _STAMP.pack(WARMUP_SEQ, 0) + pad
+        warmup_datagram = _STAMP.pack(WARMUP_SEQ, 0) + pad
         give_up = time.monotonic() + wait_s
         while warm_up and not warmed.is_set() and time.monotonic() < give_up:
-            tx.sendto(warmup, target)
+            tx.sendto(warmup_datagram, target)
             warmed.wait(WARMUP_EVERY_S)
         start = time.monotonic()
         seq = 0
