@@ -144,8 +144,8 @@ def cmd_networks(args: argparse.Namespace) -> int:
 
 
 def _load(args: argparse.Namespace) -> Any:
-    from testbed.spec.networks import check_backend
-    from testbed.spec.parse import load_campaign
+    from testbed.campaign.networks import check_backend
+    from testbed.campaign.parse import load_campaign
 
     campaign = load_campaign(args.campaign)
     if args.templates is not None:
@@ -321,7 +321,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from testbed.spec.vocabulary import BACKENDS
+    from testbed.campaign.vocabulary import BACKENDS
 
     parser = argparse.ArgumentParser(
         prog="testbed",

@@ -10,12 +10,12 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from testbed.campaign.workload import ARTIFACT_BYTES
 from testbed.report import naming, slicing
 from testbed.report.load import Run
 from testbed.report.stats import cost_episodes, median_iqr, practical_tie
 from testbed.report.table_common import STALL, Options, layout
 from testbed.report.tabular import Cell, Table, fmt, pct
-from testbed.spec.workload import ARTIFACT_BYTES
 
 BATCH_POLICIES = ("metadata_sync", "centralized_lineage", "per_key_all_key",
                   "batched_all_key", "planfence")

@@ -9,9 +9,9 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
+from testbed.campaign.model import fmt_number
+from testbed.campaign.parse import recorded_campaign
 from testbed.results.rundir import RunDir
-from testbed.spec.campaign import fmt_number
-from testbed.spec.parse import recorded_campaign
 
 _SUMMARY_ROWS = 40
 

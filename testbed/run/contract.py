@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
-from testbed.spec.campaign import Cell, GroupKey
-from testbed.spec.workload import Schedule
+from testbed.campaign.model import Cell, GroupKey
+from testbed.campaign.workload import Schedule
 
 #: The runner enforces options.episode_timeout_s itself; the loop cancels an episode
 #: that outlives it by this much (a backstop against a runner that hangs).

@@ -36,6 +36,7 @@ from distributed import Client, Event, LocalCluster, as_completed
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.scheduler import KilledWorker
 
+from testbed.campaign.model import Campaign
 from testbed.errors import HostError, RunFailure, UserError
 from testbed.run.engines import OnOutcome, OnStart
 from testbed.run.remote import (
@@ -47,7 +48,6 @@ from testbed.run.remote import (
     worker_summary,
 )
 from testbed.run.units import EpisodeOutcome, WorkUnit
-from testbed.spec.campaign import Campaign
 
 CANCEL_WAIT_S = 60.0
 CONNECT_TIMEOUT_S = 30.0

@@ -21,9 +21,9 @@ from typing import Any, Protocol
 
 import trio
 
+from testbed.campaign.model import Campaign
 from testbed.run.contract import Runner
 from testbed.run.units import EpisodeOutcome, ScheduleCache, WorkUnit, run_unit
-from testbed.spec.campaign import Campaign
 
 OnStart = Callable[[str], None]
 OnOutcome = Callable[[EpisodeOutcome], None]

@@ -49,6 +49,8 @@ import trio
 
 from protocols.errors import ProtocolError
 from protocols.policies import describe_policy
+from testbed.campaign.model import Campaign, Cell, GroupKey, episode_key
+from testbed.campaign.workload import Act, Plan, Schedule, Update
 from testbed.errors import RunFailure
 from testbed.host.ledger import Ledger
 from testbed.net.topology import Topology, open_topology
@@ -64,8 +66,6 @@ from testbed.run.team import (
 )
 from testbed.run.trials import run_trial
 from testbed.run.verdict import HeadLog, build_head_log, judge_invalid
-from testbed.spec.campaign import Campaign, Cell, GroupKey, episode_key
-from testbed.spec.workload import Act, Plan, Schedule, Update
 
 
 @dataclass

@@ -22,7 +22,7 @@ Rules this module obeys:
    would, and stall there is CPU time, so loopback units always run first and alone,
    one at a time, whatever ``jobs`` is (docs/campaigns.md).
 4. The manifest records every network the campaign runs (definition, trace files with
-   size and SHA-256; ``testbed.spec.networks.network_provenance``); ``--resume`` and
+   size and SHA-256; ``testbed.campaign.networks.network_provenance``); ``--resume`` and
    ``--extend`` refuse a run whose recorded trace files have changed since.
 5. An aborted episode (the runner raised :class:`EpisodeAborted`, or it outlived
    ``options.episode_timeout_s`` by :data:`BACKSTOP_GRACE_S`) is recorded with
@@ -48,6 +48,10 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from testbed.campaign.model import Campaign, CampaignError, episode_key
+from testbed.campaign.networks import changed_files, network_provenance
+from testbed.campaign.parse import recorded_campaign
+from testbed.campaign.workload import Schedule
 from testbed.host.userns import privilege
 from testbed.results.provenance import (
     git_revision,
@@ -68,10 +72,6 @@ from testbed.results.summary import print_summary
 from testbed.run.contract import EpisodeResult, Runner, RunSummary
 from testbed.run.engines import Engine, LocalEngine
 from testbed.run.units import EpisodeOutcome, plan_units
-from testbed.spec.campaign import Campaign, CampaignError, episode_key
-from testbed.spec.networks import changed_files, network_provenance
-from testbed.spec.parse import recorded_campaign
-from testbed.spec.workload import Schedule
 
 
 async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import trio
 
+from testbed.campaign.model import Cell, episode_key
+from testbed.campaign.workload import Schedule, Seed
 from testbed.net.topology import Topology
 from testbed.run.accounting import PhaseTally, total_sent
 from testbed.run.team import Team
-from testbed.spec.campaign import Cell, episode_key
-from testbed.spec.workload import Schedule, Seed
 
 
 async def start_episode(team: Team, topo: Topology, cell: Cell, schedule: Schedule

@@ -27,12 +27,12 @@ from typing import Any
 
 import trio
 
+from testbed.campaign.parse import campaign_from_config
 from testbed.host.ledger import open_run_ledger
 from testbed.links.backends import AUTO_ORDER, probe_backend
 from testbed.results.provenance import host_description
 from testbed.run.episode import EpisodeRunner
 from testbed.run.units import EpisodeOutcome, WorkUnit, run_unit, worker_host
-from testbed.spec.parse import campaign_from_config
 
 MAX_ATTEMPTS = 2
 """A unit runs at most twice (the first time, and once after its worker was lost)."""

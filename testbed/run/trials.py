@@ -1,5 +1,5 @@
 """Single-action trials against a live team: updates during replanning and the handoff
-evidence ablation (the ``replanning`` and ``handoff`` kinds of ``testbed.spec.trials``).
+evidence ablation (the ``replanning`` and ``handoff`` kinds of ``testbed.campaign.trials``).
 
 Rules this module obeys:
 
@@ -11,7 +11,7 @@ Rules this module obeys:
    check finds it stale), then the executor acts with the cell's synthetic replanning
    delay and the campaign's action deadline while the owner keeps updating (the
    requirement, or for the control row only its unrelated key) at the seeded Poisson
-   times of :func:`testbed.spec.trials.poisson_times`. The updater is a concurrent
+   times of :func:`testbed.campaign.trials.poisson_times`. The updater is a concurrent
    task on the owner's own control connection, so the updates really overlap the
    validation on the wire; it starts with the action and stops issuing at the recorded
    effect (an update already sent is waited for, never cut off mid-request).
@@ -41,6 +41,9 @@ from typing import Any, Protocol
 import trio
 
 from protocols.errors import ProtocolError
+from testbed.campaign.model import Campaign, Cell
+from testbed.campaign.trials import poisson_times, trial_content, trial_roles
+from testbed.campaign.workload import Schedule
 from testbed.errors import RunFailure
 from testbed.net.topology import Topology
 from testbed.run.accounting import PhaseTally, action_costs, episode_costs, total_sent
@@ -54,9 +57,6 @@ from testbed.run.verdict import (
     effect_verdict,
     judge_invalid,
 )
-from testbed.spec.campaign import Campaign, Cell
-from testbed.spec.trials import poisson_times, trial_content, trial_roles
-from testbed.spec.workload import Schedule
 
 #: Poisson arrivals are drawn this far past the action deadline (none is used after it).
 HORIZON_MARGIN_S = 5.0

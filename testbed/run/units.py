@@ -26,9 +26,9 @@ from typing import Any
 
 import trio
 
+from testbed.campaign.model import Campaign, Cell, GroupKey, episode_key, fmt_number
+from testbed.campaign.workload import Schedule
 from testbed.run.contract import BACKSTOP_GRACE_S, EpisodeAborted, EpisodeResult, Runner
-from testbed.spec.campaign import Campaign, Cell, GroupKey, episode_key, fmt_number
-from testbed.spec.workload import Schedule
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,9 @@ import pandas as pd
 import trio
 from rich.console import Console
 
+from testbed.campaign.parse import parse_campaign
 from testbed.run.episode import EpisodeRunner
 from testbed.run.loop import run_campaign
-from testbed.spec.parse import parse_campaign
 
 TEMPLATES = 6
 

@@ -25,10 +25,10 @@ import pandas as pd
 import trio
 from rich.console import Console
 
+from testbed.campaign.parse import load_campaign, parse_campaign
 from testbed.results.provenance import SOURCE_ROOT
 from testbed.run.episode import EpisodeRunner
 from testbed.run.loop import run_campaign
-from testbed.spec.parse import load_campaign, parse_campaign
 
 LANES = (1, 2, 4, 8, 16)
 WORKERS = (1, 2, 4)

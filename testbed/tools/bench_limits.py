@@ -24,12 +24,12 @@ from rich.table import Table
 
 from nodes.limits import Limits
 from protocols import wire
+from testbed.campaign.model import Cell, GroupKey
+from testbed.campaign.parse import PRESETS_PACKAGE, parse_campaign
+from testbed.campaign.workload import Schedule
 from testbed.run.contract import DelegatingGroup, EpisodeResult
 from testbed.run.episode import EpisodeRunner, TeamGroup
 from testbed.run.loop import run_campaign
-from testbed.spec.campaign import Cell, GroupKey
-from testbed.spec.parse import PRESETS_PACKAGE, parse_campaign
-from testbed.spec.workload import Schedule
 
 PEAKS = {  # counter -> (limit it is bounded by, default)
     "peak_connections": ("max_connections", Limits().max_connections),

@@ -12,7 +12,7 @@ through the real transport (same code as node-to-node calls):
   (``testbed.tools.raw_echo``), measured in the same run, and the head-query p50s as
   multiples of it (``reuse_vs_raw``, ``fresh_vs_raw``).
 
-Usage: ``python scripts/bench_rpc.py [--json FILE] [--calls N]``; importable as
+Usage: ``testbed bench rpc [--json FILE] [--calls N]`` (or ``python -m testbed.tools.bench_rpc``); importable as
 ``run_bench(calls=...) -> dict`` for ``testbed bench rpc``. Not a test: it measures.
 """
 

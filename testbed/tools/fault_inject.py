@@ -23,11 +23,11 @@ from typing import Any
 
 import trio
 
+from testbed.campaign.model import Cell, GroupKey
+from testbed.campaign.workload import Schedule
 from testbed.host.processes import is_running, process_start_ticks
 from testbed.run.contract import DelegatingGroup, EpisodeResult
 from testbed.run.episode import EpisodeRunner, TeamGroup
-from testbed.spec.campaign import Cell, GroupKey
-from testbed.spec.workload import Schedule
 
 #: What an injector gets: the live group, the agent to hit, the trial's RNG, and a
 #: nursery for what must happen later (it lives as long as the group).

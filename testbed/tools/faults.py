@@ -43,12 +43,12 @@ import trio
 from rich.console import Console
 from rich.table import Table
 
+from testbed.campaign.parse import parse_campaign
 from testbed.errors import HostError, UserError
 from testbed.host.ledger import open_run_ledger, run_state_dir
 from testbed.host.processes import is_running
 from testbed.run.episode import EpisodeRunner
 from testbed.run.loop import run_campaign
-from testbed.spec.parse import parse_campaign
 from testbed.tools.fault_inject import (
     FaultRunner,
     Injector,

@@ -16,12 +16,12 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from testbed.campaign.parse import load_campaign
 from testbed.links.linkspec import LinkSpec, NetworkProfile
 from testbed.links.netdef import network_to_data
 from testbed.links.netinfo import fmt_mbit, fmt_range, link_info, rtt_range_ms
 from testbed.links.profiles import ProfileError, builtin_names, get_profile, profile_names
 from testbed.links.traces import load_delay_trace, load_trace_ref
-from testbed.spec.parse import load_campaign
 from testbed.tools.plan_view import network_lines
 
 PLOT_BIN_MS = 1000

@@ -21,6 +21,7 @@ import math
 import statistics
 from typing import Any
 
+from testbed.campaign.model import Campaign, Cell
 from testbed.links.linkspec import CENTRAL_HOST, NetworkProfile
 from testbed.links.netem_plan import unsupported
 from testbed.links.netinfo import (
@@ -30,7 +31,6 @@ from testbed.links.netinfo import (
     rtt_range_ms,
     team_links,
 )
-from testbed.spec.campaign import Campaign, Cell
 
 RTTS_PER_UNIT = {"fresh": 4.0, "reuse": 2.5}
 LOOPBACK_UNIT_S = 0.003

@@ -8,10 +8,10 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
+from testbed.campaign.parse import parse_campaign
 from testbed.results.atomic import write_table_atomic
 from testbed.results.rundir import RunDir
 from testbed.results.schema import ResultRowError
-from testbed.spec.parse import parse_campaign
 from tests.testbed.run.fake_runner import SMALL, FakeRunner, run_small
 
 # --- shards ----------------------------------------------------------------------------------

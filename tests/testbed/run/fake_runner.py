@@ -18,10 +18,10 @@ from typing import Any
 import trio
 from rich.console import Console
 
+from testbed.campaign.model import Campaign, Cell, GroupKey, episode_key
+from testbed.campaign.workload import Schedule
 from testbed.run.contract import EpisodeAborted, EpisodeResult
 from testbed.run.loop import run_campaign
-from testbed.spec.campaign import Campaign, Cell, GroupKey, episode_key
-from testbed.spec.workload import Schedule
 
 REPO = Path(__file__).resolve().parents[3]
 

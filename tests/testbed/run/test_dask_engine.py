@@ -22,13 +22,13 @@ import pytest
 import trio
 from rich.console import Console
 
+from testbed.campaign.model import episode_key
+from testbed.campaign.parse import parse_campaign
 from testbed.errors import UserError
 from testbed.host import kernel
 from testbed.run.dask_engine import open_dask_engine, parse_cluster
 from testbed.run.episode import EpisodeRunner
 from testbed.run.loop import run_campaign
-from testbed.spec.campaign import episode_key
-from testbed.spec.parse import parse_campaign
 from tests.leftovers import run_objects
 
 REPO = Path(__file__).resolve().parents[3]

@@ -14,12 +14,12 @@ from typing import Any
 
 import pandas as pd
 
+from testbed.campaign.model import Campaign, Cell, GroupKey
+from testbed.campaign.parse import load_campaign
+from testbed.campaign.workload import Schedule
 from testbed.run.contract import DelegatingGroup, EpisodeResult
 from testbed.run.episode import EpisodeRunner, TeamGroup
 from testbed.run.loop import run_campaign
-from testbed.spec.campaign import Campaign, Cell, GroupKey
-from testbed.spec.parse import load_campaign
-from testbed.spec.workload import Schedule
 from tests.testbed.run.fake_runner import quiet
 
 CAMPAIGN = """

@@ -15,12 +15,12 @@ import pyarrow as pa
 import pytest
 import trio
 
+from testbed.campaign.model import CampaignError, episode_key
+from testbed.campaign.parse import load_campaign, parse_campaign
 from testbed.results.rundir import RunDir, RunDirError
 from testbed.results.schema import ACTION_COLUMNS, EPISODE_COLUMNS, ResultRowError
 from testbed.results.summary import summary_frame
 from testbed.run.loop import run_campaign
-from testbed.spec.campaign import CampaignError, episode_key
-from testbed.spec.parse import load_campaign, parse_campaign
 from tests.testbed.run.fake_runner import (
     REPO,
     SMALL,
@@ -351,7 +351,7 @@ import trio
 from rich.console import Console
 from testbed.results import atomic
 from testbed.run.loop import run_campaign
-from testbed.spec.parse import load_campaign, parse_campaign
+from testbed.campaign.parse import load_campaign, parse_campaign
 from tests.testbed.run.fake_runner import SMALL, FakeRunner
 
 out, kill_at, at_commit = Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "commit"

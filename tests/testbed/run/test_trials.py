@@ -19,11 +19,11 @@ import pytest
 from rich.console import Console
 
 import testbed.run.trials as trials
+from testbed.campaign.model import Campaign
+from testbed.campaign.parse import parse_campaign
 from testbed.run.episode import EpisodeRunner
 from testbed.run.loop import run_campaign
 from testbed.run.verdict import build_head_log, effect_verdict
-from testbed.spec.campaign import Campaign
-from testbed.spec.parse import parse_campaign
 
 pytestmark = pytest.mark.slow
 

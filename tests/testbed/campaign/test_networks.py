@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
+from testbed.campaign.model import CampaignError
+from testbed.campaign.networks import changed_files, network_provenance
+from testbed.campaign.parse import load_campaign, parse_campaign, recorded_campaign
 from testbed.links.profiles import get_profile
-from testbed.spec.campaign import CampaignError
-from testbed.spec.networks import changed_files, network_provenance
-from testbed.spec.parse import load_campaign, parse_campaign, recorded_campaign
 
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLE = REPO / "docs" / "examples" / "mixed-team" / "campaign.toml"

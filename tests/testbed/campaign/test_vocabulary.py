@@ -14,11 +14,11 @@ import pytest
 from protocols.env import ActionOutcome, ActionRequest, PolicyEnv
 from protocols.policies import Policy, describe_policy, policy_names, register
 from protocols.policies.registry import unregister
+from testbed.campaign import vocabulary
+from testbed.campaign.model import CampaignError
+from testbed.campaign.parse import parse_campaign
 from testbed.links.profiles import LinkSpec, get_profile, register_profile, unregister_profile
 from testbed.report import naming, slicing
-from testbed.spec import vocabulary
-from testbed.spec.campaign import CampaignError
-from testbed.spec.parse import parse_campaign
 
 
 class _CentralProbe(Policy):

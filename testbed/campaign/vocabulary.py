@@ -13,9 +13,7 @@ from __future__ import annotations
 from nodes.store import DURABILITY_MODES
 from nodes.transport import CONNECTION_SETTINGS
 from protocols.policies import allowed_specs, describe_policy, make_policy
-from testbed.links.backend import BACKEND_CHOICES
-from testbed.links.profiles import profile_names
-from testbed.spec.workload import (
+from testbed.campaign.workload import (
     FAMILIES,
     MAX_AGENTS,
     MAX_KEYS,
@@ -24,6 +22,8 @@ from testbed.spec.workload import (
     TEMPLATES_PER_FAMILY,
     TIERS,
 )
+from testbed.links.backend import BACKEND_CHOICES
+from testbed.links.profiles import profile_names
 
 #: Nominal update rates a campaign may ask for (the paper's grid).
 RHOS = (0.25, 1.0, 4.0, 16.0)

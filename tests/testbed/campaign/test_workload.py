@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from testbed.spec.workload import (
+from testbed.campaign.workload import (
     ARTIFACT_BYTES,
     COMPACT_BYTES,
     DERIVATIONS,

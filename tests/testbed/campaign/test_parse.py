@@ -1,4 +1,4 @@
-"""Campaign files, validation and the grid (testbed.spec)."""
+"""Campaign files, validation and the grid (testbed.campaign)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from testbed.spec.campaign import CampaignError
-from testbed.spec.parse import load_campaign, parse_campaign, preset_names
+from testbed.campaign.model import CampaignError
+from testbed.campaign.parse import load_campaign, parse_campaign, preset_names
 from tests.testbed.run.fake_runner import (
     SMALL,
 )

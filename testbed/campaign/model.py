@@ -11,8 +11,8 @@ Rules this module obeys:
 3. A schedule depends only on the seed, the template, the cell's workload fields and
    the ``derivation`` option, never on the policy, the network, the connection setting,
    the batch or a study setting (replanning delay, update rate, scenario).
-4. A campaign has a ``kind``: ``episodes`` (the workload of ``testbed.spec.workload``)
-   or a study of single-action trials (``testbed.spec.trials``). Study kinds add their
+4. A campaign has a ``kind``: ``episodes`` (the workload of ``testbed.campaign.workload``)
+   or a study of single-action trials (``testbed.campaign.trials``). Study kinds add their
    grid fields (:data:`STUDY_FIELDS`); ``batch`` (any kind) repeats identical cells as
    separate batches, each on its own topology, one batch after another.
 5. Fields that did not exist before (a kind, a batch, a study field, an option at its
@@ -23,7 +23,7 @@ Rules this module obeys:
    the registered ones; :meth:`Campaign.network_profile` is the one place a cell's
    network name becomes the profile a topology is built from.
 
-Files become campaigns in ``testbed.spec.parse``; the loop that runs them is
+Files become campaigns in ``testbed.campaign.parse``; the loop that runs them is
 ``testbed.run.loop``.
 """
 
@@ -34,12 +34,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
-from testbed.errors import UserError
-from testbed.links.netdef import network_to_data
-from testbed.links.profiles import NetworkProfile, get_profile
-from testbed.spec.trials import KINDS, SCENARIOS, TRIAL_KINDS, trial_schedule
-from testbed.spec.vocabulary import policy_needs_central
-from testbed.spec.workload import (
+from testbed.campaign.trials import KINDS, SCENARIOS, TRIAL_KINDS, trial_schedule
+from testbed.campaign.vocabulary import policy_needs_central
+from testbed.campaign.workload import (
     DERIVATIONS,
     Schedule,
     WorkloadError,
@@ -47,6 +44,9 @@ from testbed.spec.workload import (
     round_robin_templates,
     template_family,
 )
+from testbed.errors import UserError
+from testbed.links.netdef import network_to_data
+from testbed.links.profiles import NetworkProfile, get_profile
 
 GRID_FIELDS = ("policy", "network", "trace_offset_s", "rho", "keys", "agents", "deps",
                "connection", "tier", "units")
@@ -91,7 +91,7 @@ class Options:
     backend: str = "auto"
     delay_ms: float | None = None  # one-way delay of the built-in networks; None: theirs
     episode_timeout_s: float = 600.0
-    #: How plans derive from their inputs (``testbed.spec.workload`` rule 3).
+    #: How plans derive from their inputs (``testbed.campaign.workload`` rule 3).
     derivation: str = DERIVATIONS[0]
     #: Trials: a decision still pending this long after the action started blocks.
     action_deadline_s: float = 30.0

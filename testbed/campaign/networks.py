@@ -28,13 +28,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from testbed.campaign.model import Campaign, CampaignError, fmt_number
 from testbed.errors import UserError
 from testbed.links.linkspec import CENTRAL_HOST, LinkSpec, NetworkProfile
 from testbed.links.netdef import network_to_data, parse_network
 from testbed.links.netem_plan import unsupported
 from testbed.links.profiles import network_template, profile_names
 from testbed.links.traces import TraceError, file_digest, load_trace_ref, resolve_trace_ref
-from testbed.spec.campaign import Campaign, CampaignError, fmt_number
 
 _AGENT_NAME = re.compile(r"^a(\d+)$")
 

@@ -4,12 +4,12 @@ Rules this module obeys:
 
 1. A campaign file is validated completely before anything runs; every error is one
    line naming the field and the allowed values (:class:`CampaignError`).
-2. The allowed values come from ``testbed.spec.vocabulary`` (the registries), never
+2. The allowed values come from ``testbed.campaign.vocabulary`` (the registries), never
    from a list kept here.
-3. Presets are campaign files shipped in ``testbed/spec/presets/``; a name that is not
+3. Presets are campaign files shipped in ``testbed/campaign/presets/``; a name that is not
    a file is looked up there.
 4. ``[networks.NAME]`` tables define the campaign's own networks
-   (``testbed.spec.networks``); ``grid.network`` names registered or defined ones, and
+   (``testbed.campaign.networks``); ``grid.network`` names registered or defined ones, and
    the networks are checked against the grid (hosts, trace offsets) and their files
    read before the campaign is returned.
 """
@@ -24,7 +24,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from testbed.spec.campaign import (
+from testbed.campaign.model import (
     EXTRA_FIELDS,
     GRID_DEFAULTS,
     GRID_FIELDS,
@@ -37,9 +37,9 @@ from testbed.spec.campaign import (
     Options,
     fmt_number,
 )
-from testbed.spec.networks import check_against_grid, check_backend, parse_networks
-from testbed.spec.trials import KINDS, SCENARIOS, TRIAL_KINDS, UPDATE_TARGETS
-from testbed.spec.vocabulary import (
+from testbed.campaign.networks import check_against_grid, check_backend, parse_networks
+from testbed.campaign.trials import KINDS, SCENARIOS, TRIAL_KINDS, UPDATE_TARGETS
+from testbed.campaign.vocabulary import (
     BACKENDS,
     CONNECTIONS,
     DURABILITY,
@@ -51,7 +51,7 @@ from testbed.spec.vocabulary import (
     network_names,
     policy_allowed,
 )
-from testbed.spec.workload import (
+from testbed.campaign.workload import (
     DERIVATIONS,
     FAMILIES,
     TEMPLATES_PER_FAMILY,
@@ -65,7 +65,7 @@ TOP_FIELDS = ("name", "seed", "templates", "description", "kind", "options", "ex
 EXECUTION_FIELDS = ("cluster", "jobs", "allow_mixed_backends")
 MAX_BATCHES = 100
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-PRESETS_PACKAGE = "testbed.spec"
+PRESETS_PACKAGE = "testbed.campaign"
 
 
 def preset_names() -> list[str]:

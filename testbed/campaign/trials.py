@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import random
 
-from testbed.spec.workload import (
+from testbed.campaign.workload import (
     ARTIFACT_BYTES,
     FAMILIES,
     Act,
@@ -42,7 +42,7 @@ from testbed.spec.workload import (
 )
 
 #: Study kinds whose episodes are single-action trials (the first kind, ``episodes``, is
-#: the workload of ``testbed.spec.workload``).
+#: the workload of ``testbed.campaign.workload``).
 TRIAL_KINDS = ("replanning", "handoff")
 KINDS = ("episodes", *TRIAL_KINDS)
 #: Which updates run during a replanning trial.
