@@ -145,19 +145,20 @@ def test_neither_root_nor_user_namespaces_is_the_hosts_fault(tmp_path: Path) -> 
 def test_a_bug_shows_its_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
     """Neither the user's nor the host's fault: main lets it through (exit 1, traceback)."""
     import testbed.cli as cli
+    import testbed.tools.doctor as doctor
 
-    def broken(args: object) -> int:
+    def broken() -> object:
         raise ValueError("an internal invariant broke")
 
-    monkeypatch.setattr(cli, "cmd_doctor", broken)
+    monkeypatch.setattr(doctor, "run_doctor", broken)
     with pytest.raises(ValueError, match="internal invariant"):
         cli.main(["doctor"])
 
 
 def test_a_bug_exits_1_with_a_traceback(tmp_path: Path) -> None:
-    script = ("import sys, testbed.cli as cli\n"
-              "def broken(args): raise KeyError('bug')\n"
-              "cli.cmd_doctor = broken\n"
+    script = ("import sys, testbed.cli as cli, testbed.tools.doctor as doctor\n"
+              "def broken(): raise KeyError('bug')\n"
+              "doctor.run_doctor = broken\n"
               "sys.exit(cli.main(['doctor']))\n")
     proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, text=True,
                           capture_output=True, timeout=120, check=False)

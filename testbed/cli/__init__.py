@@ -1,0 +1,61 @@
+"""The ``testbed`` command line.
+
+One module per group of sub-commands, each with a ``register(subparsers)`` that adds
+its parsers (:data:`COMMAND_MODULES`); ``common`` holds what they share. Whose fault it
+was decides how a failure ends (``testbed.errors``): bad user input is one line on
+stderr and exit status 2; a host that lacks something is one line and exit status 3;
+anything else is a bug in the testbed and shows its traceback (exit 1).
+``TESTBED_DEBUG=1`` shows the traceback of the first two kinds too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+from testbed.cli import bench, campaigns, cluster, info, maintenance
+from testbed.cli.common import ARGV, EXIT_HOST, EXIT_USER, enter_requested_namespace, version
+from testbed.errors import HostError, UserError, one_line
+
+#: Sub-command modules in the order `testbed --help` lists them.
+COMMAND_MODULES = (info, campaigns, cluster, maintenance, bench)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="testbed",
+        description="Coordination-cost testbed: PlanFence and baselines on real sockets "
+                    "over emulated LTE links.")
+    parser.add_argument("--version", action="version", version=f"testbed {version()}")
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    for module in COMMAND_MODULES:
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ARGV[:] = list(sys.argv[1:] if argv is None else argv)
+    try:
+        enter_requested_namespace()  # before anything (numpy) starts a thread
+    except HostError as exc:
+        print(f"testbed: {one_line(exc)}", file=sys.stderr)
+        return EXIT_HOST
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except KeyboardInterrupt:
+        print("testbed: interrupted", file=sys.stderr)
+        return 130
+    except (UserError, HostError) as exc:
+        if os.environ.get("TESTBED_DEBUG"):
+            raise
+        print(f"testbed {args.cmd}: {one_line(exc)}", file=sys.stderr)
+        return EXIT_USER if isinstance(exc, UserError) else EXIT_HOST
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""``testbed bench WHICH``: the benchmarks whose figures go to docs/benchmarks.md.
+
+Each benchmark is one row of :data:`BENCHES`: its name, its help, its own options and
+the function that runs it. A runner writes ``--json`` itself and returns what to print
+as JSON, or None when it printed its own table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from testbed.cli.common import console, counts, positive_int, require_namespaces, require_root
+
+
+def write_json(path: Path | None, result: Any) -> None:
+    if path is not None:
+        path.write_text(json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def _unless_written(path: Path | None, result: Any) -> Any:
+    return result if path is None else None
+
+
+def _rpc(args: argparse.Namespace, out: Console, json_path: Path | None) -> Any:
+    from testbed.tools.bench_rpc import run_bench
+
+    result = run_bench()
+    write_json(json_path, result)
+    return result
+
+
+def _link(args: argparse.Namespace, out: Console, json_path: Path | None) -> Any:
+    import trio
+
+    require_namespaces("bench link")
+    from testbed.tools.bench_link import bench_link
+
+    result = trio.run(partial(bench_link, json_path, out, backend=args.backend))
+    return _unless_written(json_path, result)
+
+
+def _link_args(b: argparse.ArgumentParser) -> None:
+    b.add_argument("--backend", choices=["userspace", "netem"], default="userspace",
+                   help="link backend to measure (default userspace)")
+
+
+def _episode(args: argparse.Namespace, out: Console, json_path: Path | None) -> Any:
+    import trio
+
+    from testbed.tools.bench_episode import bench_episode
+
+    result = trio.run(lambda: bench_episode(json_path, out, loopback_only=args.loopback_only))
+    return _unless_written(json_path, result)
+
+
+def _episode_args(b: argparse.ArgumentParser) -> None:
+    b.add_argument("--loopback-only", action="store_true",
+                   help="only the loopback cells (skip the AT&T cell run as root)")
+
+
+def _limits(args: argparse.Namespace, out: Console, json_path: Path | None) -> Any:
+    import trio
+
+    if args.network != "loopback":
+        require_root(f"bench limits --network {args.network}")
+    from testbed.tools.bench_limits import bench_limits
+
+    result = trio.run(lambda: bench_limits(
+        out, network=args.network, templates=args.templates,
+        policies=args.policies.split(",") if args.policies else ()))
+    write_json(json_path, result)
+    return None  # the table is printed
+
+
+def _limits_args(b: argparse.ArgumentParser) -> None:
+    b.add_argument("--network", default="loopback",
+                   help="network of the primary grid to run (default loopback)")
+    b.add_argument("--templates", type=positive_int, default=1, metavar="N",
+                   help="templates per cell (default 1)")
+    b.add_argument("--policies", metavar="P1,P2",
+                   help="only these policies (default: every policy of primary)")
+
+
+def _lanes(args: argparse.Namespace, out: Console, json_path: Path | None) -> Any:
+    import trio
+
+    require_namespaces("bench lanes")
+    from testbed.tools.bench_lanes import bench_lanes
+
+    result = trio.run(lambda: bench_lanes(json_path, out, lanes=args.lanes,
+                                          workers=args.workers, templates=args.templates,
+                                          emulator=args.emulator))
+    return _unless_written(json_path, result)
+
+
+def _lanes_args(b: argparse.ArgumentParser) -> None:
+    b.add_argument("--lanes", type=counts, default=(1, 2, 4, 8, 16), metavar="N,N",
+                   help="local lane counts (default 1,2,4,8,16)")
+    b.add_argument("--workers", type=counts, default=(1, 2, 4), metavar="N,N",
+                   help="LocalCluster worker counts (default 1,2,4)")
+    b.add_argument("--templates", type=positive_int, default=None, metavar="N",
+                   help="templates (units) per run (default: the largest count)")
+    b.add_argument("--emulator", choices=("shared", "per-lane"), default="shared",
+                   help="one emulator for every lane (default) or one per lane")
+
+
+def _transfer(args: argparse.Namespace, out: Console, json_path: Path | None) -> Any:
+    import trio
+
+    require_namespaces("bench transfer")
+    from testbed.tools.bench_transfer import bench_transfer, write_transfer
+
+    result = trio.run(lambda: bench_transfer(out, samples=args.samples))
+    paths = write_transfer(result, Path(args.out or "results/transfer"))
+    if json_path is not None:
+        json_path.write_text(json.dumps(result, indent=2) + "\n")
+    out.print("transfer: " + ", ".join(map(str, paths)))
+    return None
+
+
+def _transfer_args(b: argparse.ArgumentParser) -> None:
+    b.add_argument("--out", metavar="DIR",
+                   help="where transfer.json and fig_c1.png go (default results/transfer)")
+    b.add_argument("--samples", type=positive_int, default=20, metavar="N",
+                   help="transfers per payload size and loss rate (default 20)")
+
+
+BenchRun = Callable[[argparse.Namespace, Console, "Path | None"], Any]
+
+
+@dataclass(frozen=True)
+class Bench:
+    name: str
+    help: str
+    run: BenchRun
+    add_arguments: Callable[[argparse.ArgumentParser], None] | None = None
+
+
+BENCHES: tuple[Bench, ...] = (
+    Bench("rpc", "owner-head RPC latency and install latency on loopback", _rpc),
+    Bench("link", "request/response over emulated links vs prediction", _link, _link_args),
+    Bench("episode", "PlanFence stall per action on loopback, fresh vs reuse", _episode,
+          _episode_args),
+    Bench("limits", "the primary grid's peak connections, objects and installs against the "
+                    "node limits", _limits, _limits_args),
+    Bench("lanes", "AT&T episodes at 1-16 lanes and on a LocalCluster", _lanes, _lanes_args),
+    Bench("transfer", "one fresh authenticated transfer against payload and loss on a wired, "
+                      "an LTE and a LEO-like network (fig. C.1)", _transfer, _transfer_args),
+)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    out = console()
+    bench = next(b for b in BENCHES if b.name == args.bench_cmd)
+    result = bench.run(args, out, Path(args.json) if args.json else None)
+    if result is not None:
+        out.print_json(json.dumps(result, default=str))
+    return 0
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("bench", help="benchmarks (figures go to docs/benchmarks.md)")
+    bsub = p.add_subparsers(dest="bench_cmd", required=True, metavar="WHICH")
+    for bench in BENCHES:
+        b = bsub.add_parser(bench.name, help=bench.help)
+        b.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+        if bench.add_arguments is not None:
+            bench.add_arguments(b)
+    p.set_defaults(func=cmd_bench)

@@ -1,0 +1,152 @@
+"""``testbed check``, ``testbed run`` and ``testbed report``: a campaign from file to tables."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from testbed.cli.common import (
+    DEFAULT_RESULTS,
+    console,
+    directory,
+    positive_int,
+    require_namespaces,
+)
+from testbed.errors import UserError
+
+
+def _load(args: argparse.Namespace) -> Any:
+    from testbed.campaign.networks import check_backend
+    from testbed.campaign.parse import load_campaign
+
+    campaign = load_campaign(args.campaign)
+    if args.templates is not None:
+        campaign = campaign.with_templates(args.templates)
+    check_backend(campaign, args.backend or campaign.options.backend)
+    return campaign
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from testbed.tools.plan_view import print_plan
+
+    campaign = _load(args)
+    jobs = args.jobs if args.jobs is not None else campaign.execution.jobs
+    print_plan(campaign, console(), jobs=jobs, backend=args.backend)
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import trio
+
+    from testbed.host.ledger import Ledger, clean_dead_runs, open_run_ledger, run_state_dir
+    from testbed.run.episode import EpisodeRunner
+    from testbed.run.loop import run_campaign
+
+    if args.dry_run:
+        return cmd_check(args)
+    campaign = _load(args)
+    out = directory("--out", args.out) or DEFAULT_RESULTS / campaign.name
+    workdir = directory("--workdir", args.workdir)
+    cluster = args.cluster or campaign.execution.cluster
+    jobs = args.jobs if args.jobs is not None else campaign.execution.jobs
+    mixed = args.allow_mixed_backends or campaign.execution.allow_mixed_backends
+    shaped = any(campaign.network_profile(n).link is not None for n in campaign.network_names())
+    if shaped and (cluster is None or cluster.startswith("local:")):
+        require_namespaces(f"campaign {campaign.name!r} (non-loopback networks)")
+    if cluster is not None and campaign.options.link_log:
+        raise UserError("options.link_log: packet logs are written by runs in this process "
+                        "(--jobs), not on a cluster; drop --cluster or link_log")
+    out_console = console()
+    label = str(Path(out).absolute())
+    if args.resume or args.extend:  # what a killed run on this directory left behind
+        for item in clean_dead_runs(run_state_dir(), label=label):
+            out_console.print(f"removed {item} (left by an interrupted run)")
+
+    async def main(ledger: Ledger) -> None:
+        if cluster is None:
+            runner = EpisodeRunner(campaign, workdir_root=workdir, backend=args.backend,
+                                   ledger=ledger, link_log_dir=out / "links",
+                                   shared_emulator=jobs > 1)
+            await run_campaign(campaign, out, resume=args.resume, extend=args.extend,
+                               jobs=jobs, runner=runner, console=out_console)
+            return
+        from testbed.run.dask_engine import open_dask_engine
+
+        async with open_dask_engine(cluster, backend=args.backend, workdir=workdir,
+                                    allow_mixed_backends=mixed) as engine:
+            await engine.survey(campaign)
+            await run_campaign(campaign, out, resume=args.resume, extend=args.extend,
+                               engine=engine, console=out_console)
+
+    with open_run_ledger(label) as ledger:
+        trio.run(main, ledger)
+    out_console.print(f"results: {out}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from testbed.report.build import build_report
+
+    run_dir = Path(args.dir)
+    if not (run_dir / "episodes.parquet").exists():
+        raise UserError(f"{run_dir} has no episodes.parquet "
+                        "(run a campaign into it first, or finish it with --resume)")
+    out_console = console()
+    summary = build_report(run_dir, draws=args.draws, seed=args.seed, console=out_console,
+                           episode=args.episode)
+    out_console.print(f"report: {run_dir / 'report.md'} ({len(summary.get('tables', []))} "
+                      f"tables, {len(summary.get('figures', []))} figures)")
+    return 0
+
+
+def register(sub: Any) -> None:
+    from testbed.campaign.vocabulary import BACKENDS
+
+    p = sub.add_parser("check", help="validate a campaign and print its plan; creates nothing")
+    p.add_argument("campaign", help="preset name or path to a campaign TOML file")
+    p.add_argument("--jobs", type=positive_int, default=None, metavar="N",
+                   help="lanes the wall-time estimate assumes (default: [execution] jobs, else 1)")
+    p.add_argument("--templates", type=int, metavar="N", help="override the template count")
+    p.add_argument("--backend", choices=list(BACKENDS), help="backend to plan for")
+    p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("run", help="run a campaign (a preset name or a TOML file)")
+    p.add_argument("campaign", help="preset name (demo, primary, rates, scope, density, reuse, "
+                                    "teams, horizon) or path to a campaign TOML file")
+    p.add_argument("--dry-run", action="store_true",
+                   help="validate and print the plan (cells, episodes, networks, wall-time "
+                        "estimate) without creating anything")
+    p.add_argument("--out", metavar="DIR", help="results directory (default results/<name>)")
+    p.add_argument("--resume", action="store_true",
+                   help="finish an interrupted campaign without repeating finished episodes")
+    p.add_argument("--extend", action="store_true",
+                   help="like --resume, for a campaign whose grid or templates have grown "
+                        "(same name, seed and options; every old cell and template kept)")
+    p.add_argument("--jobs", type=positive_int, default=None, metavar="N",
+                   help="run N topologies at once in this process (default: the "
+                        "campaign's [execution] jobs, else 1; for emulated links, where "
+                        "episodes wait on the link; loopback units always run alone)")
+    p.add_argument("--cluster", metavar="SPEC",
+                   help="run the work units on a dask cluster: local:N (N worker "
+                        "processes here) or tcp://HOST:PORT of a scheduler with `testbed "
+                        "worker`s (default: the campaign's [execution] cluster, else here)")
+    p.add_argument("--allow-mixed-backends", action="store_true",
+                   help="let cluster workers run shaped networks on different link backends")
+    p.add_argument("--templates", type=int, metavar="N",
+                   help="override the campaign's template count (quick looks)")
+    p.add_argument("--backend", choices=list(BACKENDS),
+                   help="link backend for the shaped networks (default: the campaign's "
+                        "option, else auto); unshaped ones (loopback) never get one")
+    p.add_argument("--workdir", metavar="DIR", help="where node stores and sockets live "
+                                                    "(default: a fresh directory under /tmp)")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("report", help="tables, figures and report.md for a results directory")
+    p.add_argument("dir", help="results directory written by `testbed run`")
+    p.add_argument("--draws", type=int, default=10_000, help="bootstrap draws (default 10000)")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    p.add_argument("--episode", metavar="KEY",
+                   help="draw the link plots of this episode (default: the first episode "
+                        "with a link log of each network)")
+    p.set_defaults(func=cmd_report)

@@ -1,0 +1,61 @@
+"""``testbed doctor``, ``testbed traces`` and ``testbed networks``: what this host and
+the link catalogue offer."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from testbed.cli.common import console
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from testbed.tools.doctor import render_doctor, run_doctor
+
+    render_doctor(run_doctor(), console())
+    return 0
+
+
+def cmd_traces(args: argparse.Namespace) -> int:
+    from testbed.tools.traces_view import traces_list, traces_show
+
+    if args.traces_cmd == "list":
+        traces_list(console())
+    else:
+        traces_show(args.name, Path(args.plot) if args.plot else None, console())
+    return 0
+
+
+def cmd_networks(args: argparse.Namespace) -> int:
+    from testbed.tools.networks_view import networks_list, networks_show
+
+    if args.networks_cmd == "list":
+        networks_list(console(), campaign=args.campaign)
+    else:
+        networks_show(args.name, console(), campaign=args.campaign,
+                      plot=Path(args.plot) if args.plot else None)
+    return 0
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("doctor", help="probe which kernel features and link backends work here")
+    p.set_defaults(func=cmd_doctor)
+
+    p = sub.add_parser("traces", help="list or show the shipped LTE capacity traces")
+    tsub = p.add_subparsers(dest="traces_cmd", required=True, metavar="ACTION")
+    tsub.add_parser("list", help="table of traces: length, mean capacity, longest outage")
+    show = tsub.add_parser("show", help="summary of one trace, optionally a capacity plot")
+    show.add_argument("name", help="trace file stem, e.g. ATT-LTE-driving.up")
+    show.add_argument("--plot", metavar="FILE.png", help="write capacity over time to FILE.png")
+    p.set_defaults(func=cmd_traces)
+
+    p = sub.add_parser("networks", help="list or show the networks a campaign can name")
+    nsub = p.add_subparsers(dest="networks_cmd", required=True, metavar="ACTION")
+    nlist = nsub.add_parser("list", help="every network: base RTT, capacity, longest outage")
+    nlist.add_argument("--campaign", metavar="FILE", help="also the networks FILE defines")
+    nshow = nsub.add_parser("show", help="one network resolved: its definition, links, RTTs")
+    nshow.add_argument("name", help="a network name (see `testbed networks list`)")
+    nshow.add_argument("--campaign", metavar="FILE", help="look in FILE's [networks] too")
+    nshow.add_argument("--plot", metavar="FILE.png", help="write its capacity over time")
+    p.set_defaults(func=cmd_networks)
