@@ -38,7 +38,7 @@ from nodes.rpc import Handlers, SelfServingCaller
 from nodes.server import DataPlaneServer, serve_data_plane
 from nodes.service import Service, watch_parent
 from nodes.store import DURABILITY_MODES, SqliteStore, remove_store_files
-from nodes.transport import CONNECTION_SETTINGS, Counters
+from nodes.transport import CONNECTION_SETTINGS, Connection, Counters
 from protocols.errors import LocalProtocolError
 from protocols.identity import Identity, Roster
 from protocols.planning import PlanningError, current_inputs, derive_plan, own_record
@@ -54,7 +54,7 @@ MAX_ACTION_CHARS = 120  # record keys (plan/<action>/r<n>) are capped at 200
 class _Config:
     identity: Identity
     roster: Roster
-    connection: str
+    connection: Connection
     policy: str
     rpc_timeout_s: float
     durability: str
@@ -167,7 +167,7 @@ class Node:
 
         async def body(task_status: trio.TaskStatus[RpcClient]) -> None:
             async with open_rpc_client(identity=cfg.identity, roster=cfg.roster,
-                                       connection=cfg.connection,  # type: ignore[arg-type]
+                                       connection=cfg.connection,
                                        counters=self.counters,
                                        timeout_s=cfg.rpc_timeout_s,
                                        congestion_control=cfg.congestion_control) as client:

@@ -32,7 +32,7 @@ import os
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, fields
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard, get_args
 
 import trio
 
@@ -49,7 +49,14 @@ Handler = Callable[[str, str, dict[str, Any]], Awaitable[Any]]
 #: A handler that answers without awaiting (the node's): the server runs it inline.
 SyncHandler = Callable[[str, str, dict[str, Any]], Any]
 Connection = Literal["fresh", "reuse"]
-CONNECTION_SETTINGS: tuple[str, ...] = ("fresh", "reuse")
+#: The connection settings, in order: the values of :data:`Connection` (one list).
+CONNECTION_SETTINGS: tuple[Connection, ...] = get_args(Connection)
+
+
+def is_connection(value: object) -> TypeGuard[Connection]:
+    """Whether VALUE is a connection setting (narrows it to :data:`Connection`)."""
+    return value in CONNECTION_SETTINGS
+
 HANDSHAKE_TIMEOUT_S = 10.0  # the default of nodes.limits.Limits.handshake_timeout_s
 MAX_IN_FLIGHT_PER_CONNECTION = 4096  # per-key validation of 128 keys needs 128
 MAX_REQUEST_ID = 2**63 - 1

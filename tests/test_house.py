@@ -9,11 +9,19 @@
    defined in another module of the project.
 5. Every product module stays under 500 lines.
 6. docs/architecture.md's module map names every product module.
+7. No test spells out a registry: no literal in tests/ (a list, tuple or set of strings,
+   a dict's keys, or one string) names every registered policy or every built-in
+   network. Tests take such lists from the registries (``tests/names.py``), so the
+   recipes "add a policy" and "add a network profile" of docs/architecture.md pass
+   the suite without editing a test. A frozen historical record may stay if the line
+   that opens it says ``# frozen record``.
 """
 
 from __future__ import annotations
 
 import ast
+import re
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -198,3 +206,75 @@ def test_the_architecture_map_names_every_product_module() -> None:
                and p.parent.name != "policies"  # one file per policy: docs/policies.md
                and f"{p.stem}.py" not in text and f"`{p.stem}`" not in text]
     assert not missing, "modules missing from docs/architecture.md's map: " + ", ".join(missing)
+
+
+def registered_policies() -> set[str]:
+    """Policy names as the policy modules declare them (``name = "..."`` of a class
+    decorated with ``@register``), read from the source."""
+    names = set()
+    for path in (ROOT / "protocols" / "policies").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and any(
+                    isinstance(d, ast.Name) and d.id == "register" for d in node.decorator_list):
+                for stmt in node.body:
+                    if (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
+                            and isinstance(stmt.targets[0], ast.Name)
+                            and stmt.targets[0].id == "name"
+                            and isinstance(stmt.value, ast.Constant)):
+                        names.add(str(stmt.value.value))
+    return names
+
+
+def builtin_networks() -> set[str]:
+    presets = ROOT / "testbed" / "links" / "presets" / "networks.toml"
+    return set(tomllib.loads(presets.read_text())["networks"])
+
+
+def _names_in(node: ast.AST) -> set[str] | None:
+    """The names a literal spells out (None: not a literal of names)."""
+    if isinstance(node, ast.List | ast.Tuple | ast.Set):
+        return {e.value for e in node.elts
+                if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+    if isinstance(node, ast.Dict):
+        return {k.value for k in node.keys
+                if isinstance(k, ast.Constant) and isinstance(k.value, str)}
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return set(re.findall(r"[a-z][a-z0-9_]*", node.value))
+    return None
+
+
+def spelled_out_registries(path: Path, registries: dict[str, set[str]]) -> list[str]:
+    """``file:line: every <registry>`` for each literal of PATH naming a whole registry."""
+    source = path.read_text()
+    lines = source.splitlines()
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        names = _names_in(node)
+        if not names or "# frozen record" in lines[getattr(node, "lineno", 1) - 1]:
+            continue
+        for what, registry in registries.items():
+            if registry <= names:
+                where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name
+                found.append(f"{where}:{node.lineno}: every {what}")
+    return found
+
+
+def test_no_test_spells_out_a_registry() -> None:
+    registries = {"policy": registered_policies(), "built-in network": builtin_networks()}
+    assert len(registries["policy"]) >= 10
+    assert {"loopback", "att"} <= registries["built-in network"]
+    found = [hit for path in sorted((ROOT / "tests").rglob("*.py"))
+             for hit in spelled_out_registries(path, registries)]
+    assert not found, ("tests spell out a registry (take the names from tests/names.py): "
+                       + "; ".join(found))
+
+
+def test_the_registry_check_finds_a_spelled_out_list(tmp_path: Path) -> None:
+    registries = {"network": {"loopback", "att"}}
+    probe = tmp_path / "probe.py"
+    probe.write_text('NETS = ["loopback", "att"]\nOK = ["att"]\n'
+                     'MSG = "allowed: loopback, att"\n'
+                     'OLD = ("loopback", "att")  # frozen record\n'
+                     'TABLE = {"loopback": 1, "att": 2}\n')
+    assert spelled_out_registries(probe, registries) == [
+        "probe.py:1: every network", "probe.py:3: every network", "probe.py:5: every network"]

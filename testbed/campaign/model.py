@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
+from nodes.transport import Connection
 from testbed.campaign.trials import KINDS, SCENARIOS, TRIAL_KINDS, trial_schedule
 from testbed.campaign.vocabulary import policy_needs_central
 from testbed.campaign.workload import (
@@ -138,7 +139,7 @@ class Cell:
     keys: int
     agents: int
     deps: int
-    connection: str
+    connection: Connection
     tier: str
     units: int
     batch: int = 1

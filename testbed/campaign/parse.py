@@ -24,6 +24,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from nodes.transport import Connection, is_connection
 from testbed.campaign.model import (
     EXTRA_FIELDS,
     GRID_DEFAULTS,
@@ -256,7 +257,7 @@ def _grid_value(name: str, value: Any, where: str, networks: Sequence[str]) -> A
     if name == "network":
         return _choice(value, where, networks)
     if name == "connection":
-        return _choice(value, where, CONNECTIONS)
+        return _connection(value, where)
     if name == "tier":
         return _choice(value, where, TIERS)
     if name == "rho":
@@ -291,6 +292,13 @@ def _policy(value: Any, where: str) -> str:
         return str(value)
     raise CampaignError(f"{where}: {_fmt_value(value)} is not allowed; allowed: "
                         f"{allowed_policies()}")
+
+
+def _connection(value: Any, where: str) -> Connection:
+    if is_connection(value):
+        return value
+    raise CampaignError(f"{where}: {_fmt_value(value)} is not allowed; allowed: "
+                        f"{', '.join(CONNECTIONS)}")
 
 
 def _choice(value: Any, where: str, choices: Sequence[str]) -> str:

@@ -11,7 +11,7 @@ therefore enough for a campaign file to name it.
 from __future__ import annotations
 
 from nodes.store import DURABILITY_MODES
-from nodes.transport import CONNECTION_SETTINGS
+from nodes.transport import CONNECTION_SETTINGS, Connection
 from protocols.policies import allowed_specs, describe_policy, make_policy
 from testbed.campaign.workload import (
     FAMILIES,
@@ -27,7 +27,7 @@ from testbed.links.profiles import profile_names
 
 #: Nominal update rates a campaign may ask for (the paper's grid).
 RHOS = (0.25, 1.0, 4.0, 16.0)
-CONNECTIONS: tuple[str, ...] = tuple(CONNECTION_SETTINGS)
+CONNECTIONS: tuple[Connection, ...] = CONNECTION_SETTINGS
 DURABILITY: tuple[str, ...] = tuple(DURABILITY_MODES)
 BACKENDS: tuple[str, ...] = BACKEND_CHOICES
 MAX_TEMPLATES = len(FAMILIES) * TEMPLATES_PER_FAMILY

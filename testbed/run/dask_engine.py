@@ -14,7 +14,7 @@ Rules (the engine side; the worker side is ``testbed.run.remote``):
 3. Episodes are marked started when their unit is submitted; outcomes are committed by
    the campaign loop as units finish. A unit whose worker died is resubmitted by the
    scheduler; the worker side caps that at one more attempt (``worker_lost`` after).
-4. Loopback units are submitted one at a time and waited for before anything else is
+4. Unshaped (loopback-like) units are submitted one at a time and waited for before anything else is
    sent (their stall is CPU time); emulated-link units fill every lane.
 5. Cancelling (Ctrl-C) sets the run's cancel event, cancels the futures and waits for
    the workers' running units to tear their topologies down.
@@ -47,7 +47,7 @@ from testbed.run.remote import (
     running_units,
     worker_summary,
 )
-from testbed.run.units import EpisodeOutcome, WorkUnit
+from testbed.run.units import EpisodeOutcome, WorkUnit, unshaped_networks
 
 CANCEL_WAIT_S = 60.0
 CONNECT_TIMEOUT_S = 30.0
@@ -105,7 +105,7 @@ class DaskEngine:
             raise HostError(f"cluster {self.cluster}: no worker connected within "
                             f"{WORKER_WAIT_S:g} s; start one with `testbed worker SCHEDULER`")
         self.workers = summaries
-        shaped = any(cell.network != "loopback" for cell in campaign.cells())
+        shaped = len(unshaped_networks(campaign)) < len(campaign.network_names())
         if not shaped:
             return
         wanted = self.backend or campaign.options.backend
@@ -133,9 +133,9 @@ class DaskEngine:
                  for i, unit in enumerate(units)]
         paired = list(zip(units, tasks, strict=True))
         try:
-            for unit, task in [p for p in paired if p[0].loopback]:
+            for unit, task in [p for p in paired if p[0].unshaped]:
                 await self._batch([(unit, task)], on_start, on_outcome)
-            await self._batch([p for p in paired if not p[0].loopback], on_start, on_outcome)
+            await self._batch([p for p in paired if not p[0].unshaped], on_start, on_outcome)
         finally:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(self._cancel_all)

@@ -10,7 +10,7 @@ after it ended; the loop alone writes the run directory.
 - ``testbed.run.dask_engine.DaskEngine``: each unit goes to a ``dask.distributed``
   worker, which runs it whole (topology, team, episodes) and returns its outcomes.
 
-Loopback units measure CPU time, so both engines run them first, one at a time, with
+Unshaped (loopback-like) units measure CPU time, so both engines run them first, one at a time, with
 nothing else running beside them; then the emulated-link units fill the lanes.
 """
 
@@ -56,7 +56,7 @@ class LocalEngine:
 
     async def run(self, units: Sequence[WorkUnit], campaign: Campaign, *,
                   on_start: OnStart, on_outcome: OnOutcome) -> None:
-        queue = list(units) if self.jobs == 1 else [u for u in units if u.loopback]
+        queue = list(units) if self.jobs == 1 else [u for u in units if u.unshaped]
 
         async def lane() -> None:
             schedules = ScheduleCache(campaign)
@@ -67,7 +67,7 @@ class LocalEngine:
         await lane()  # one lane: everything in campaign order; else loopback first, alone
         if self.jobs == 1:
             return
-        queue[:] = [u for u in units if not u.loopback]
+        queue[:] = [u for u in units if not u.unshaped]
         await run_lanes(lane, min(self.jobs, len(queue)))
 
 

@@ -71,7 +71,7 @@ from testbed.results.schema import (
 from testbed.results.summary import print_summary
 from testbed.run.contract import EpisodeResult, Runner, RunSummary
 from testbed.run.engines import Engine, LocalEngine
-from testbed.run.units import EpisodeOutcome, plan_units
+from testbed.run.units import EpisodeOutcome, plan_units, unshaped_networks
 
 
 async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
@@ -137,7 +137,8 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
             counts["aborted"] += commit_outcome(campaign, run_dir, outcome)
             progress.advance(task)
 
-        units = plan_units(todo, per_template=engine.per_template)
+        units = plan_units(todo, per_template=engine.per_template,
+                           unshaped=unshaped_networks(campaign))
         await engine.run(units, campaign, on_start=on_start, on_outcome=on_outcome)
         status = "complete"
     finally:

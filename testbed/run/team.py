@@ -40,7 +40,7 @@ import trio
 import nodes
 from nodes.control import ControlClient
 from nodes.store import DURABILITY_MODES
-from nodes.transport import CONNECTION_SETTINGS
+from nodes.transport import CONNECTION_SETTINGS, Connection
 from protocols.errors import RemoteProtocolError
 from protocols.identity import CENTRAL_ID, Identity, Member, Roster
 from testbed.errors import RunFailure
@@ -56,7 +56,7 @@ HEARTBEAT_MIN_S = 1.0
 OP_DEADLINE_MARGIN_S = 5.0
 #: Control ops that run no policy code: they get op_deadline_s.
 LOCAL_OPS = frozenset({"ping", "reset", "counters", "head_log", "configure"})
-CONNECTIONS: tuple[str, ...] = tuple(CONNECTION_SETTINGS)
+CONNECTIONS: tuple[Connection, ...] = CONNECTION_SETTINGS
 DURABILITIES: tuple[str, ...] = tuple(DURABILITY_MODES)
 
 
@@ -143,7 +143,7 @@ class Team:
     agents: list[str]
     central: bool
     campaign_seed: int | str
-    connection: str
+    connection: Connection
     policy: str
     durability: str
     rpc_timeout_s: float
@@ -222,7 +222,8 @@ class Team:
         reply.pop("ok")
         return reply
 
-    async def reset_all(self, *, policy: str | None = None, connection: str | None = None,
+    async def reset_all(self, *, policy: str | None = None,
+                        connection: Connection | None = None,
                         owners: Mapping[str, str] | None = None,
                         episode: str | None = None) -> None:
         """New episode at every node: fresh stores, zeroed counters, new policy objects,
@@ -407,7 +408,7 @@ class Team:
 @asynccontextmanager
 async def open_team(*, agents: Sequence[str], central: bool,
                     hosts: Mapping[str, tuple[str | None, str]], workdir: Path,
-                    campaign_seed: int | str, connection: str, policy: str,
+                    campaign_seed: int | str, connection: Connection, policy: str,
                     durability: str = "full", rpc_timeout_s: float = 10.0,
                     owners: Mapping[str, str] | None = None,
                     probes: Sequence[str] = (),

@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,19 +33,19 @@ from testbed.run.contract import BACKSTOP_GRACE_S, EpisodeAborted, EpisodeResult
 
 @dataclass(frozen=True)
 class WorkUnit:
-    """Episodes (cell, template) of one topology group, in the order they run."""
+    """Episodes (cell, template) of one topology group, in the order they run.
+
+    ``unshaped``: the group's network has no link (its profile's ``link`` is None, as
+    ``loopback``'s): its stall is CPU time, so the unit runs alone (docs/campaigns.md).
+    """
 
     group: GroupKey
     episodes: tuple[tuple[Cell, str], ...]
+    unshaped: bool = False
 
     @property
     def keys(self) -> list[str]:
         return [episode_key(cell, template) for cell, template in self.episodes]
-
-    @property
-    def loopback(self) -> bool:
-        """Unshaped units measure CPU time: they run alone (docs/campaigns.md)."""
-        return self.group.network == "loopback"
 
 
 @dataclass(frozen=True)
@@ -68,14 +68,24 @@ class EpisodeOutcome:
         return self.result is None
 
 
-def plan_units(todo: Sequence[tuple[Cell, str]], *, per_template: bool) -> list[WorkUnit]:
-    """Cut the pending episodes (in campaign order) into units (rule 1)."""
+def plan_units(todo: Sequence[tuple[Cell, str]], *, per_template: bool,
+               unshaped: Collection[str] = ()) -> list[WorkUnit]:
+    """Cut the pending episodes (in campaign order) into units (rule 1); UNSHAPED names
+    the networks whose profile has no link (``unshaped_networks``)."""
     def unit_key(item: tuple[Cell, str]) -> Any:
         cell, template = item
         return (cell.group_key, template) if per_template else cell.group_key
 
-    return [WorkUnit(items[0][0].group_key, tuple(items))
+    return [WorkUnit(items[0][0].group_key, tuple(items),
+                     unshaped=items[0][0].network in unshaped)
             for items in (list(g) for _, g in itertools.groupby(todo, key=unit_key))]
+
+
+def unshaped_networks(campaign: Campaign) -> frozenset[str]:
+    """The networks of CAMPAIGN's grid that run without a link (decided by the profile,
+    never by the name: a campaign's own ``unshaped = true`` network counts)."""
+    return frozenset(name for name in campaign.network_names()
+                     if campaign.network_profile(name).link is None)
 
 
 class ScheduleCache:

@@ -34,7 +34,7 @@ import trio
 
 from nodes.client import RpcClient, open_rpc_client
 from nodes.rpc import call_heads, call_install
-from nodes.transport import Counters
+from nodes.transport import Connection, Counters
 from protocols.records import make_record
 from testbed.run.team import Team, key_owners, open_team
 from testbed.tools.raw_echo import measure_raw_echo
@@ -58,10 +58,10 @@ async def _timed(n: int, call: Callable[[int], Awaitable[Any]]) -> list[float]:
     return samples
 
 
-async def _client_run(team: Team, connection: str,
+async def _client_run(team: Team, connection: Connection,
                       body: Callable[[RpcClient], Awaitable[Any]]) -> Any:
     async with open_rpc_client(identity=team.identity(PROBE), roster=team.roster,
-                               connection=connection,  # type: ignore[arg-type]
+                               connection=connection,
                                counters=Counters()) as client:
         return await body(client)
 

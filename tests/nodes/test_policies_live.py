@@ -27,9 +27,11 @@ from nodes.control import ControlClient
 from protocols.env import ActionOutcome, ActionRequest, PolicyEnv
 from protocols.identity import CENTRAL_ID
 from protocols.policies import register
+from protocols.policies.base import Policy
 from protocols.policies.centralized_lineage import CentralizedLineage
 from protocols.policies.planfence import PlanFence
 from testbed.run.team import Team, key_owners, open_team
+from tests.names import derivation_current_policies, policies
 
 PLUGIN = "tests.nodes.test_policies_live"
 LIAR = "liar"
@@ -95,9 +97,8 @@ if _in_node_process():  # the test process's registry stays as campaigns see it
 
 AGENTS = ["a0", "a1", "a2"]
 OWNERS = key_owners(AGENTS, 4)  # a0: k000 k003, a1: k001, a2: k002
-FRESHNESS = ["local_replica", "owner_head_freshness"]
-DERIVATION = ["centralized_lineage", "metadata_sync", "per_key_all_key", "batched_all_key",
-              "all_replica", "majority_replica", "planfence", "planfence_grouped", "adaptive"]
+FRESHNESS = policies(Policy.UNSAFE_FRESHNESS)
+DERIVATION = derivation_current_policies()
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ a2 on k000, whose owner is a0.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
@@ -16,22 +17,24 @@ from hypothesis import strategies as st
 from protocols.env import ActionOutcome, ActionRequest
 from protocols.errors import RpcError
 from protocols.identity import CENTRAL_ID
-from protocols.policies import make_policy, policy_names
+from protocols.policies import make_policy
 from protocols.policies.adaptive import Adaptive, ends_sync, rho_estimates
+from protocols.policies.base import Policy
 from protocols.policies.majority_replica import quorum_peers
 from protocols.records import HeadInfo
+from tests.names import derivation_current_policies, policies
 from tests.protocols.memory_env import MemoryTeam
 
-FRESHNESS = ["local_replica", "owner_head_freshness"]
-DERIVATION = ["centralized_lineage", "centralized_lineage_own_local", "metadata_sync",
-              "per_key_all_key", "batched_all_key", "all_replica", "majority_replica",
-              "planfence", "planfence_grouped", "adaptive"]
-STANDINS = ["session_read_set", "inherited_version_set"]  # tests/protocols/test_standins.py
+FRESHNESS = policies(Policy.UNSAFE_FRESHNESS)
+DERIVATION = derivation_current_policies()
+STANDINS = policies(Policy.NATIVE_STANDIN)  # tests/protocols/test_standins.py
 
 
-def test_registry_names_match_the_campaign_names() -> None:
-    names = [n for n in policy_names() if not n.startswith("test_")]  # test plugins
+def test_every_registered_policy_is_in_one_group_and_named_as_registered() -> None:
+    names = policies()
     assert sorted(FRESHNESS + DERIVATION + STANDINS) == names
+    assert {"local_replica", "owner_head_freshness"} <= set(FRESHNESS)
+    assert {"planfence", "centralized_lineage", "metadata_sync"} <= set(DERIVATION)
     for name in names:
         policy = make_policy(name)
         assert policy.label == name
@@ -143,7 +146,7 @@ EVIDENCE_SOURCE = {
 }
 
 
-@pytest.mark.parametrize("policy", DERIVATION)
+@pytest.mark.parametrize("policy", sorted(EVIDENCE_SOURCE))
 @pytest.mark.parametrize("failure", ["down", "slow"])
 async def test_unavailable_evidence_blocks(policy: str, failure: str) -> None:
     team, request = await team_with_plan(policy)
@@ -271,29 +274,40 @@ async def test_missing_plan_ancestry_blocks_before_any_query() -> None:
 
 # --- message counts (docs/policies.md, "Messages per action") ------------------------------------
 
+def _remote(team: MemoryTeam, executor: str, declared: list[str]) -> list[str]:
+    return [k for k in declared if team.roster.owner_of(k) != executor]
+
+
+#: Requests of one validation pass, as docs/policies.md states them (team, executor,
+#: declared keys -> requests).
+PER_PASS: dict[str, Callable[[MemoryTeam, str, list[str]], int]] = {
+    "local_replica": lambda team, ex, declared: 0,
+    "owner_head_freshness": lambda team, ex, declared: len(_remote(team, ex, declared)),
+    "planfence": lambda team, ex, declared: len(_remote(team, ex, declared)),
+    "planfence_grouped": lambda team, ex, declared: len(
+        {team.roster.owner_of(k) for k in _remote(team, ex, declared)}),
+    "per_key_all_key": lambda team, ex, declared: len(
+        [k for k in team.roster.keys if team.roster.owner_of(k) != ex]),
+    "batched_all_key": lambda team, ex, declared: len(
+        {o for o in team.roster.owners.values() if o != ex}),
+    "all_replica": lambda team, ex, declared: len(team.agents) - 1,
+    "majority_replica": lambda team, ex, declared: (
+        len(team.agents) // 2 if _remote(team, ex, declared) else 0),
+    "centralized_lineage": lambda team, ex, declared: 1,  # every key through the directory
+    "centralized_lineage_own_local": lambda team, ex, declared: (
+        1 if _remote(team, ex, declared) else 0),
+    "metadata_sync": lambda team, ex, declared: 0,
+    "adaptive": lambda team, ex, declared: 0,
+}
+
+
 def per_pass_requests(policy: str, team: MemoryTeam, executor: str,
                       declared: list[str]) -> int:
     """Requests of one validation pass, as docs/policies.md states them."""
-    roster = team.roster
-    remote = [k for k in declared if roster.owner_of(k) != executor]
-    owners_all = {o for o in roster.owners.values() if o != executor}
-    return {
-        "local_replica": 0,
-        "owner_head_freshness": len(remote),
-        "planfence": len(remote),
-        "planfence_grouped": len({roster.owner_of(k) for k in remote}),
-        "per_key_all_key": len([k for k in roster.keys if roster.owner_of(k) != executor]),
-        "batched_all_key": len(owners_all),
-        "all_replica": len(team.agents) - 1,
-        "majority_replica": len(team.agents) // 2 if remote else 0,
-        "centralized_lineage": 1,  # every declared key through the directory
-        "centralized_lineage_own_local": 1 if remote else 0,
-        "metadata_sync": 0,
-        "adaptive": 0,
-    }[policy]
+    return PER_PASS[policy](team, executor, declared)
 
 
-@pytest.mark.parametrize("policy", [*FRESHNESS, *DERIVATION])
+@pytest.mark.parametrize("policy", sorted(PER_PASS))
 async def test_messages_per_action_match_the_docs(policy: str) -> None:
     # Five agents, eight keys (a0..a4 own k000..k007 round-robin), d = 3 over 2 owners.
     team = MemoryTeam(n_agents=5, n_keys=8, policy=policy)

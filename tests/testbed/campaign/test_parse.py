@@ -7,8 +7,10 @@ from typing import Any
 
 import pytest
 
+from protocols.policies import policy_names
 from testbed.campaign.model import CampaignError
 from testbed.campaign.parse import load_campaign, parse_campaign, preset_names
+from testbed.links.profiles import profile_names
 from tests.testbed.run.fake_runner import (
     SMALL,
 )
@@ -76,14 +78,10 @@ _BAD = [
     ("rho = [3]", "grid.rho: 3 is not allowed; allowed: 0.25, 1, 4, 16"),
     ("rho = [4, 4]", "grid.rho: 4 is listed twice; list each value once"),
     ("rho = []", "grid.rho: empty list; list at least one value"),
-    ('network = ["mars"]', "grid.network: 'mars' is not allowed; allowed: loopback, fixed, "
-                           "att, att2016, tmobile, verizon"),
-    ('policy = ["fastest"]', "grid.policy: 'fastest' is not allowed; allowed: adaptive, "
-                             "all_replica, batched_all_key, centralized_lineage, "
-                             "centralized_lineage_own_local, inherited_version_set, "
-                             "local_replica, majority_replica, metadata_sync, "
-                             "owner_head_freshness, per_key_all_key, planfence, "
-                             "planfence_grouped, session_read_set, metadata_sync/K "
+    ('network = ["mars"]', "grid.network: 'mars' is not allowed; allowed: "
+                           f"{', '.join(profile_names())}"),
+    ('policy = ["fastest"]', "grid.policy: 'fastest' is not allowed; allowed: "
+                             f"{', '.join(policy_names())}, metadata_sync/K "
                              "with K in 1, 2, 4, 8, 16"),
     ('policy = ["metadata_sync/3"]', "grid.policy: 'metadata_sync/3' is not allowed;"),
     ('policy = ["planfence/2"]', "grid.policy: 'planfence/2' is not allowed;"),

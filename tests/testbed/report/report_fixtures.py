@@ -59,8 +59,7 @@ _KIB_BASE = {
     "planfence_grouped": 8.0,
     "adaptive": 9.0,
 }
-_NETWORK_FACTOR = {"loopback": 0.3, "fixed": 0.6, "att": 1.0, "att2016": 1.1, "tmobile": 0.8,
-                   "verizon": 0.9}
+_NETWORK_FACTOR = {"loopback": 0.3, "fixed": 0.6, "att": 1.0, "tmobile": 0.8}  # others: 1
 
 
 @dataclass(frozen=True)

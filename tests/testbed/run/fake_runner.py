@@ -48,7 +48,7 @@ class FakeGroup:
 
     @property
     def backend(self) -> str:
-        return "none" if self.key.network == "loopback" else "userspace"
+        return "none" if self.key.network in self.runner.unshaped else "userspace"
 
     @property
     def description(self) -> Mapping[str, Any]:
@@ -75,7 +75,8 @@ class FakeRunner:
 
     def __init__(self, *, kill_at: Sequence[str] = (), crash_at: Sequence[str] = (),
                  abort_at: Sequence[str] = (), hang_at: Sequence[str] = (),
-                 bad_rows: bool = False) -> None:
+                 bad_rows: bool = False, unshaped: Sequence[str] = ("loopback",)) -> None:
+        self.unshaped = set(unshaped)  # networks without a link: they must run alone
         self.kill_at, self.crash_at = set(kill_at), set(crash_at)
         self.abort_at, self.hang_at = set(abort_at), set(hang_at)
         self.bad_rows = bad_rows
@@ -94,7 +95,7 @@ class FakeRunner:
         self.opened.append(key)
         self.open_now += 1
         self.max_open = max(self.max_open, self.open_now)
-        self.loopback_open += key.network == "loopback"
+        self.loopback_open += key.network in self.unshaped
         if self.loopback_open:
             self.max_open_with_loopback = max(self.max_open_with_loopback, self.open_now)
         group = FakeGroup(self, key)
@@ -104,7 +105,7 @@ class FakeRunner:
             yield group
         finally:
             self.open_now -= 1
-            self.loopback_open -= key.network == "loopback"
+            self.loopback_open -= key.network in self.unshaped
             self.closed.append(key)
 
     def measure(self, cell: Cell, schedule: Schedule) -> EpisodeResult:

@@ -21,6 +21,7 @@ from testbed.results.rundir import RunDir, RunDirError
 from testbed.results.schema import ACTION_COLUMNS, EPISODE_COLUMNS, ResultRowError
 from testbed.results.summary import summary_frame
 from testbed.run.loop import run_campaign
+from testbed.run.units import unshaped_networks
 from tests.testbed.run.fake_runner import (
     REPO,
     SMALL,
@@ -219,6 +220,21 @@ async def test_lanes_run_each_episode_once_with_the_same_results(tmp_path: Path)
     assert manifest["sessions"][-1]["jobs"] == 3
 
 
+async def test_a_campaigns_own_unshaped_network_runs_alone_like_loopback(
+        tmp_path: Path) -> None:
+    """Whether a unit runs alone is the profile's decision (no link), not the name's."""
+    campaign = parse_campaign({**SMALL, "networks": {"bare": {"unshaped": True}},
+                               "grid": {**SMALL["grid"], "network": ["fixed", "bare"]}})
+    runner = FakeRunner(unshaped=("bare",))
+    await run_campaign(campaign, tmp_path / "o", resume=False, runner=runner,
+                       console=quiet(), jobs=3)
+    bare = [k for k in runner.calls if "_bare_" in k]
+    assert bare
+    assert runner.calls[:len(bare)] == bare, "unshaped slices first"
+    assert runner.max_open_with_loopback == 1, "and alone"
+    assert unshaped_networks(campaign) == {"bare"}
+
+
 async def test_a_failing_lane_stops_the_others_and_resume_finishes(tmp_path: Path) -> None:
     campaign = parse_campaign(SMALL)
     keys = [episode_key(c, t) for c, t in campaign.episodes()]
@@ -351,6 +367,7 @@ import trio
 from rich.console import Console
 from testbed.results import atomic
 from testbed.run.loop import run_campaign
+from testbed.run.units import unshaped_networks
 from testbed.campaign.parse import load_campaign, parse_campaign
 from tests.testbed.run.fake_runner import SMALL, FakeRunner
 
