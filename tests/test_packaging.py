@@ -29,10 +29,27 @@ def _package_dirs() -> set[str]:
     return found
 
 
-def test_every_package_is_listed() -> None:
+def _data_dirs() -> set[str]:
+    """Folders inside a package that hold data (no __init__.py): setuptools sees them
+    as namespace packages, so they are listed too (or the build warns)."""
+    found = set()
+    for pkg in _package_dirs():
+        for child in (ROOT / pkg.replace(".", "/")).iterdir():
+            if (child.is_dir() and child.name != "__pycache__"
+                    and not (child / "__init__.py").exists()
+                    and any(p.is_file() for p in child.iterdir())):
+                found.add(f"{pkg}.{child.name}")
+    return found
+
+
+def test_every_package_and_data_folder_is_listed() -> None:
     listed = set(PYPROJECT["tool"]["setuptools"]["packages"])
-    assert listed - {"testbed.traces"} == _package_dirs()
-    assert PYPROJECT["tool"]["setuptools"]["package-dir"] == {"testbed.traces": "traces"}
+    assert {"testbed.campaign.presets", "testbed.links.presets"} <= _data_dirs()
+    assert listed - {"testbed.traces", "testbed.examples"} == _package_dirs() | _data_dirs()
+    assert PYPROJECT["tool"]["setuptools"]["package-dir"] == {
+        "testbed.traces": "traces", "testbed.examples": "docs/examples"}
+    data = PYPROJECT["tool"]["setuptools"]["package-data"]
+    assert set(data) >= _data_dirs()
 
 
 def test_license_uses_the_spdx_form() -> None:
@@ -59,8 +76,13 @@ def test_the_lock_pins_every_dependency() -> None:
 @pytest.mark.slow
 def test_wheel_installs_into_an_empty_venv_and_runs(tmp_path: Path) -> None:
     dist = tmp_path / "dist"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist),
-                    str(ROOT)], check=True, capture_output=True, timeout=600)
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-v", "-w",
+                            str(dist), str(ROOT)], check=True, capture_output=True, text=True,
+                           timeout=600)
+    noise = [line for line in (build.stdout + build.stderr).splitlines()
+             if re.search(r"BuildBackendWarning|SetuptoolsDeprecationWarning|"
+                          r"Package would be ignored|is absent from the `packages`", line)]
+    assert not noise, "the wheel build warns:\n" + "\n".join(noise[:5])
     wheel = next(dist.glob("planfence_testbed-*.whl"))
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
@@ -90,6 +112,10 @@ def test_wheel_installs_into_an_empty_venv_and_runs(tmp_path: Path) -> None:
                      if p.suffix in (".up", ".down"))
     for name in shipped:
         assert name in listing
+    # the worked examples ship in the wheel and copy out of it
+    assert "mixed-team" in run("examples", "list")
+    run("examples", "copy", "mixed-team", "ex")
+    assert "nothing was created" in run("check", "ex/campaign.toml")
     network = "fixed" if os.geteuid() == 0 and os.path.exists("/dev/net/tun") else "loopback"
     (outside / "tiny.toml").write_text(
         'name = "tiny"\nseed = 3\ntemplates = 1\n[options]\nepisode_timeout_s = 120\n'

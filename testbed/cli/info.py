@@ -23,7 +23,8 @@ def cmd_traces(args: argparse.Namespace) -> int:
     if args.traces_cmd == "list":
         traces_list(console())
     else:
-        traces_show(args.name, Path(args.plot) if args.plot else None, console())
+        traces_show(args.name, Path(args.plot) if args.plot else None, console(),
+                    direction=args.direction)
     return 0
 
 
@@ -46,7 +47,10 @@ def register(sub: Any) -> None:
     tsub = p.add_subparsers(dest="traces_cmd", required=True, metavar="ACTION")
     tsub.add_parser("list", help="table of traces: length, mean capacity, longest outage")
     show = tsub.add_parser("show", help="summary of one trace, optionally a capacity plot")
-    show.add_argument("name", help="trace file stem, e.g. ATT-LTE-driving.up")
+    show.add_argument("name", help="a shipped trace's name (e.g. ATT-LTE-driving.up) or a "
+                                   "trace file's path")
+    show.add_argument("--direction", choices=["up", "down"],
+                      help="the direction of a file not named *.up / *.down")
     show.add_argument("--plot", metavar="FILE.png", help="write capacity over time to FILE.png")
     p.set_defaults(func=cmd_traces)
 

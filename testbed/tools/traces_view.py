@@ -8,7 +8,14 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from testbed.links.traces import Trace, load_named, trace_catalogue, trace_dir
+from testbed.links.traces import (
+    Trace,
+    TraceError,
+    load_named,
+    load_trace,
+    trace_catalogue,
+    trace_dir,
+)
 
 __all__ = ["PLOT_BIN_MS", "TraceSummary", "summarize", "traces_list", "traces_show"]
 
@@ -61,9 +68,29 @@ def traces_list(console: Console) -> None:
     console.print(table)
 
 
-def traces_show(name: str, plot: Path | None, console: Console) -> None:
-    """Summary of one trace; with `plot`, a PNG of capacity over time (1 s bins)."""
-    trace = load_named(name)
+def trace_by_name_or_path(name: str, direction: str | None = None) -> Trace:
+    """A shipped trace by name, or a trace file by path (its direction from a .up/.down
+    suffix, else DIRECTION)."""
+    path = Path(name)
+    if path.is_file():
+        if direction is None and path.suffix not in (".up", ".down"):
+            raise TraceError(f"{name}: cannot tell the direction from the name; pass "
+                             "--direction up|down (or name the file *.up / *.down)")
+        return load_trace(path, direction="up" if direction == "up" else
+                          "down" if direction == "down" else None)
+    if path.exists():
+        raise TraceError(f"{name}: is a directory; allowed: a trace file or a shipped "
+                         "trace's name (`testbed traces list`)")
+    if "/" in name or name.startswith("."):
+        raise TraceError(f"{name}: no such file; allowed: a trace file or a shipped "
+                         "trace's name (`testbed traces list`)")
+    return load_named(name)
+
+
+def traces_show(name: str, plot: Path | None, console: Console, *,
+                direction: str | None = None) -> None:
+    """Summary of one trace (a shipped name or a file); with `plot`, a capacity plot."""
+    trace = trace_by_name_or_path(name, direction)
     s = summarize(trace)
     table = Table(title=name, show_header=False)
     table.add_column("field")

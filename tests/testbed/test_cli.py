@@ -223,3 +223,27 @@ def test_packet_logs_on_a_cluster_are_refused_before_anything_starts(tmp_path: P
                           capture_output=True, timeout=120, check=False)
     _one_line(proc, 2, "options.link_log: packet logs are written by runs in this process")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_examples_list_and_copy_run_from_anywhere(tmp_path: Path) -> None:
+    listing = _run("examples", "list", cwd=tmp_path)
+    assert listing.returncode == 0, listing.stderr
+    assert "mixed-team: own LTE traces" in listing.stdout
+    copied = _run("examples", "copy", "mixed-team", "mine", cwd=tmp_path)
+    assert copied.returncode == 0, copied.stderr
+    assert (tmp_path / "mine" / "traces" / "field-lte.up").is_file()
+    checked = _run("check", "mine/campaign.toml", cwd=tmp_path)
+    assert checked.returncode == 0, checked.stderr
+    assert "network field (defined in the campaign)" in checked.stdout
+
+
+def test_traces_show_takes_a_file_path(tmp_path: Path) -> None:
+    (tmp_path / "mine.up").write_text("0\n5\n10\n")
+    proc = _run("traces", "show", "mine.up", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "3" in proc.stdout
+    assert "up" in proc.stdout
+    (tmp_path / "plain.txt").write_text("1\n")
+    proc = _run("traces", "show", "plain.txt", "--direction", "down", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "12.000 Mbit/s" in proc.stdout
