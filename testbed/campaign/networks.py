@@ -77,7 +77,11 @@ def _check_hosts(name: str, profile: NetworkProfile, agents: set[int]) -> None:
         if selector == CENTRAL_HOST:
             continue
         index = _agent_index(selector)
-        if index is None or index >= fewest:
+        if index is None:
+            raise CampaignError(
+                f"{where}: {selector!r} is not a host name; allowed: an agent index "
+                f"(0..{fewest - 1}), an agent name (a0..a{fewest - 1}) or {CENTRAL_HOST}")
+        if index >= fewest:
             raise CampaignError(
                 f"{where}: no such agent in cells with agents = {fewest}; allowed: "
                 f"0..{fewest - 1}, a0..a{fewest - 1} or {CENTRAL_HOST}")

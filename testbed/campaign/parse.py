@@ -42,6 +42,8 @@ from testbed.campaign.networks import check_against_grid, check_backend, parse_n
 from testbed.campaign.trials import KINDS, SCENARIOS, TRIAL_KINDS, UPDATE_TARGETS
 from testbed.campaign.vocabulary import (
     BACKENDS,
+    CLUSTER_ALLOWED,
+    CLUSTER_SPEC,
     CONNECTIONS,
     DURABILITY,
     INT_LIMITS,
@@ -80,14 +82,31 @@ def load_campaign(name_or_path: str | Path) -> Campaign:
     text = str(name_or_path)
     path = Path(text)
     if path.is_file():
-        return _parse_text(path.read_text(), str(path), base_dir=path.resolve().parent)
+        return _parse_text(_read_text(path), str(path), base_dir=path.resolve().parent)
     presets = preset_names()
     if text in presets:
         preset = resources.files(PRESETS_PACKAGE) / "presets" / f"{text}.toml"
         return _parse_text(preset.read_text(), f"preset {text}")
-    kind = "file not found" if text.endswith(".toml") or "/" in text else \
-        "neither a file nor a preset"
+    if path.is_dir():
+        kind = "a directory; give the campaign's .toml file in it"
+    elif text.endswith(".toml") or "/" in text:
+        kind = "not a file (no such file)"
+    else:
+        kind = "neither a file nor a preset"
     raise CampaignError(f"campaign: {text!r} is {kind}; presets: {', '.join(presets)}")
+
+
+def _read_text(path: Path) -> str:
+    """A campaign file's text: UTF-8 (a byte order mark is dropped), one line if not."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise CampaignError(f"campaign: {path}: unreadable ({exc.strerror})") from None
+    try:
+        return data.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as exc:
+        raise CampaignError(f"campaign: {path}: not UTF-8 text (byte 0x{data[exc.start]:02x} "
+                            f"at offset {exc.start}); save it as UTF-8") from None
 
 
 def _parse_text(text: str, source: str, *, base_dir: Path | None = None) -> Campaign:
@@ -153,11 +172,9 @@ def _execution(value: Any) -> Execution:
     out: dict[str, Any] = {}
     if "cluster" in value:
         cluster = value["cluster"]
-        if not (isinstance(cluster, str) and (
-                re.fullmatch(r"local:[1-9][0-9]*", cluster)
-                or re.fullmatch(r"(tcp|tls)://[^\s/:]+:[0-9]+", cluster))):
+        if not (isinstance(cluster, str) and CLUSTER_SPEC.fullmatch(cluster)):
             raise CampaignError(f"execution.cluster: {cluster!r} is not allowed; allowed: "
-                                "local:N (N >= 1) or tcp://HOST:PORT")
+                                f"{CLUSTER_ALLOWED}")
         out["cluster"] = cluster
     if "jobs" in value:
         jobs = value["jobs"]

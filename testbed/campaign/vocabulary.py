@@ -10,6 +10,8 @@ therefore enough for a campaign file to name it.
 
 from __future__ import annotations
 
+import re
+
 from nodes.store import DURABILITY_MODES
 from nodes.transport import CONNECTION_SETTINGS, Connection
 from protocols.policies import allowed_specs, describe_policy, make_policy
@@ -31,13 +33,16 @@ CONNECTIONS: tuple[Connection, ...] = CONNECTION_SETTINGS
 DURABILITY: tuple[str, ...] = tuple(DURABILITY_MODES)
 BACKENDS: tuple[str, ...] = BACKEND_CHOICES
 MAX_TEMPLATES = len(FAMILIES) * TEMPLATES_PER_FAMILY
+#: ``[execution] cluster`` and ``--cluster``: local:N or a scheduler's address.
+CLUSTER_SPEC = re.compile(r"local:[1-9][0-9]*|(tcp|tls)://[^\s/:]+:[0-9]+")
+CLUSTER_ALLOWED = "local:N (N >= 1) or tcp://HOST:PORT"
 #: (lowest, highest) for the integer grid fields.
 INT_LIMITS: dict[str, tuple[int, int]] = {
     "keys": (1, MAX_KEYS), "agents": (2, MAX_AGENTS), "deps": (1, MAX_KEYS),
     "units": (MIN_UNITS, MAX_UNITS),
 }
 
-__all__ = ["BACKENDS", "CONNECTIONS", "DURABILITY", "INT_LIMITS", "MAX_TEMPLATES", "RHOS",
+__all__ = ["BACKENDS", "CLUSTER_ALLOWED", "CLUSTER_SPEC", "CONNECTIONS", "DURABILITY", "INT_LIMITS", "MAX_TEMPLATES", "RHOS",
            "TIERS", "allowed_policies", "network_names", "policy_allowed", "policy_needs_central"]
 
 

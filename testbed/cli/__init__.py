@@ -16,7 +16,14 @@ import sys
 from collections.abc import Callable, Sequence
 
 from testbed.cli import bench, campaigns, cluster, examples, info, maintenance
-from testbed.cli.common import ARGV, EXIT_HOST, EXIT_USER, enter_requested_namespace, version
+from testbed.cli.common import (
+    ARGV,
+    EXIT_HOST,
+    EXIT_USER,
+    OneLineParser,
+    enter_requested_namespace,
+    version,
+)
 from testbed.errors import HostError, UserError, one_line
 
 #: Sub-command modules in the order `testbed --help` lists them.
@@ -24,7 +31,7 @@ COMMAND_MODULES = (info, examples, campaigns, cluster, maintenance, bench)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="testbed",
         description="Coordination-cost testbed: PlanFence and baselines on real sockets "
                     "over emulated LTE links.")

@@ -17,11 +17,19 @@ from typing import Any
 
 from rich.console import Console
 
-from testbed.cli.common import console, counts, positive_int, require_namespaces, require_root
+from testbed.cli.common import (
+    console,
+    counts,
+    output_file,
+    positive_int,
+    require_namespaces,
+    require_root,
+)
 
 
 def write_json(path: Path | None, result: Any) -> None:
     if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")
 
 
@@ -160,7 +168,9 @@ BENCHES: tuple[Bench, ...] = (
 def cmd_bench(args: argparse.Namespace) -> int:
     out = console()
     bench = next(b for b in BENCHES if b.name == args.bench_cmd)
-    result = bench.run(args, out, Path(args.json) if args.json else None)
+    if args.json is not None:  # its folder, before minutes of measuring
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+    result = bench.run(args, out, args.json)
     if result is not None:
         out.print_json(json.dumps(result, default=str))
     return 0
@@ -171,7 +181,8 @@ def register(sub: Any) -> None:
     bsub = p.add_subparsers(dest="bench_cmd", required=True, metavar="WHICH")
     for bench in BENCHES:
         b = bsub.add_parser(bench.name, help=bench.help)
-        b.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+        b.add_argument("--json", metavar="FILE", type=output_file("--json"),
+                       help="also write the figures as JSON")
         if bench.add_arguments is not None:
             bench.add_arguments(b)
     p.set_defaults(func=cmd_bench)

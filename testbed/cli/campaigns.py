@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
 from testbed.cli.common import (
     DEFAULT_RESULTS,
+    check_namespaces,
+    cluster_spec,
     console,
     directory,
     positive_int,
@@ -22,17 +25,37 @@ def _load(args: argparse.Namespace) -> Any:
 
     campaign = load_campaign(args.campaign)
     if args.templates is not None:
-        campaign = campaign.with_templates(args.templates)
+        try:
+            campaign = campaign.with_templates(args.templates)
+        except UserError as exc:  # the flag's name, not the file's field
+            raise UserError(f"--{exc}") from None
     check_backend(campaign, args.backend or campaign.options.backend)
     return campaign
 
 
+def _warn(args: argparse.Namespace, campaign: Any, jobs: int) -> None:
+    """Allowed but probably a mistake: one line each on stderr (testbed.campaign.advice)."""
+    from testbed.campaign.advice import campaign_warnings
+    from testbed.tools.plan_view import estimate_warnings
+
+    for line in [*campaign_warnings(campaign), *estimate_warnings(campaign, jobs)]:
+        print(f"testbed {args.cmd}: warning: {line}", file=sys.stderr)
+
+
 def cmd_check(args: argparse.Namespace) -> int:
+    from testbed.run.preflight import preflight
     from testbed.tools.plan_view import print_plan
 
     campaign = _load(args)
     jobs = args.jobs if args.jobs is not None else campaign.execution.jobs
-    print_plan(campaign, console(), jobs=jobs, backend=args.backend)
+    cluster = getattr(args, "cluster", None) or campaign.execution.cluster
+    _warn(args, campaign, jobs)
+    shaped = any(campaign.network_profile(n).link is not None for n in campaign.network_names())
+    if shaped and (cluster is None or cluster.startswith("local:")):
+        check_namespaces(f"campaign {campaign.name!r} (non-loopback networks)")
+    probed = None if cluster is not None else preflight(campaign, args.backend)
+    print_plan(campaign, console(), jobs=jobs, backend=args.backend, probed=probed,
+               cluster=cluster)
     return 0
 
 
@@ -52,11 +75,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     jobs = args.jobs if args.jobs is not None else campaign.execution.jobs
     mixed = args.allow_mixed_backends or campaign.execution.allow_mixed_backends
     shaped = any(campaign.network_profile(n).link is not None for n in campaign.network_names())
-    if shaped and (cluster is None or cluster.startswith("local:")):
-        require_namespaces(f"campaign {campaign.name!r} (non-loopback networks)")
     if cluster is not None and campaign.options.link_log:
         raise UserError("options.link_log: packet logs are written by runs in this process "
                         "(--jobs), not on a cluster; drop --cluster or link_log")
+    if shaped and (cluster is None or cluster.startswith("local:")):
+        require_namespaces(f"campaign {campaign.name!r} (non-loopback networks)")
+    _warn(args, campaign, jobs)  # after a rootless re-execution, so once
+    if cluster is None:
+        from testbed.run.preflight import preflight
+
+        preflight(campaign, args.backend, probe=True)  # before anything exists
     out_console = console()
     label = str(Path(out).absolute())
     if args.resume or args.extend:  # what a killed run on this directory left behind
@@ -118,16 +146,19 @@ def register(sub: Any) -> None:
                    help="validate and print the plan (cells, episodes, networks, wall-time "
                         "estimate) without creating anything")
     p.add_argument("--out", metavar="DIR", help="results directory (default results/<name>)")
-    p.add_argument("--resume", action="store_true",
-                   help="finish an interrupted campaign without repeating finished episodes")
-    p.add_argument("--extend", action="store_true",
-                   help="like --resume, for a campaign whose grid or templates have grown "
-                        "(same name, seed and options; every old cell and template kept)")
+    again = p.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true",
+                       help="finish an interrupted campaign without repeating finished "
+                            "episodes")
+    again.add_argument("--extend", action="store_true",
+                       help="like --resume, for a campaign whose grid or templates have "
+                            "grown (same name, seed and options; every old cell and "
+                            "template kept)")
     p.add_argument("--jobs", type=positive_int, default=None, metavar="N",
                    help="run N topologies at once in this process (default: the "
                         "campaign's [execution] jobs, else 1; for emulated links, where "
                         "episodes wait on the link; loopback units always run alone)")
-    p.add_argument("--cluster", metavar="SPEC",
+    p.add_argument("--cluster", metavar="SPEC", type=cluster_spec,
                    help="run the work units on a dask cluster: local:N (N worker "
                         "processes here) or tcp://HOST:PORT of a scheduler with `testbed "
                         "worker`s (default: the campaign's [execution] cluster, else here)")
@@ -144,7 +175,8 @@ def register(sub: Any) -> None:
 
     p = sub.add_parser("report", help="tables, figures and report.md for a results directory")
     p.add_argument("dir", help="results directory written by `testbed run`")
-    p.add_argument("--draws", type=int, default=10_000, help="bootstrap draws (default 10000)")
+    p.add_argument("--draws", type=positive_int, default=10_000,
+                   help="bootstrap draws (default 10000)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     p.add_argument("--episode", metavar="KEY",
                    help="draw the link plots of this episode (default: the first episode "

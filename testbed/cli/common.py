@@ -10,8 +10,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
+from typing import NoReturn
 
 from rich.console import Console
 
@@ -39,6 +41,19 @@ def require_root(what: str) -> None:
                         "run it as root or with sudo")
 
 
+def check_namespaces(what: str) -> None:
+    """Root, or unprivileged user namespaces that work here; else the one-line HostError
+    :func:`require_namespaces` would raise (without re-executing anything)."""
+    if os.geteuid() == 0:
+        return
+    from testbed.host.userns import probe
+
+    works, detail = probe()
+    if not works:
+        raise HostError(f"{what} needs root or unprivileged user namespaces ({detail}); "
+                        "run it as root")
+
+
 def require_namespaces(what: str) -> None:
     """Root, or else a user namespace of our own (a rootless run, testbed.host.userns).
 
@@ -48,12 +63,7 @@ def require_namespaces(what: str) -> None:
     """
     if os.geteuid() == 0:
         return
-    from testbed.host.userns import probe
-
-    works, detail = probe()
-    if not works:
-        raise HostError(f"{what} needs root or unprivileged user namespaces ({detail}); "
-                        "run it as root")
+    check_namespaces(what)
     os.environ[USERNS_ENV] = "1"
     sys.stdout.flush()
     sys.stderr.flush()
@@ -91,15 +101,71 @@ def counts(text: str) -> tuple[int, ...]:
     return values
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, with a usage error as one line (the usage itself is in ``--help``)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USER, f"{self.prog}: {message} (see `{self.prog} --help`)\n")
+
+
+def _blocking_file(path: Path) -> Path | None:
+    """The first existing ancestor of PATH (or PATH) that is not a directory."""
+    for candidate in (*reversed(path.parents), path):
+        if candidate.exists() and not candidate.is_dir():
+            return candidate
+    return None
+
+
 def directory(flag: str, text: str | None) -> Path | None:
     """A directory flag's value: absent, an existing directory, or a path to create."""
     if text is None:
         return None
+    if not text.strip():
+        raise UserError(f"{flag}: empty; allowed: a directory (existing or to be created)")
     path = Path(text)
-    if path.exists() and not path.is_dir():
+    blocking = _blocking_file(path)
+    if blocking == path:
         raise UserError(f"{flag}: {text} is not a directory; allowed: a directory "
                         "(existing or to be created)")
+    if blocking is not None:
+        raise UserError(f"{flag}: {text} cannot be a directory: {blocking} is a file; "
+                        "allowed: a directory (existing or to be created)")
     return path
+
+
+#: File formats a figure may be written in (the extension decides; matplotlib's Agg).
+PLOT_FORMATS = ("png", "pdf", "svg")
+
+
+def output_file(flag: str, suffixes: tuple[str, ...] | None = None,
+                ) -> Callable[[str], Path]:
+    """argparse type for a file the command writes: not a directory, no file in the way
+    of its folder (created when written), one of SUFFIXES if given."""
+    def check(text: str) -> Path:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"{flag}: empty; allowed: a file to write")
+        path = Path(text)
+        if path.is_dir():
+            raise argparse.ArgumentTypeError(f"{text} is a directory; allowed: a file to "
+                                             "write")
+        blocking = _blocking_file(path.parent)
+        if blocking is not None:
+            raise argparse.ArgumentTypeError(f"{text}: {blocking} is a file, not a folder")
+        if suffixes is not None and path.suffix.lower().lstrip(".") not in suffixes:
+            raise argparse.ArgumentTypeError(
+                f"{text}: format {path.suffix or '(none)'!r} is not allowed; allowed: "
+                + ", ".join(f".{s}" for s in suffixes))
+        return path
+    return check
+
+
+def cluster_spec(text: str) -> str:
+    """argparse type for ``--cluster`` (the campaign's own rule for ``[execution]``)."""
+    from testbed.campaign.vocabulary import CLUSTER_ALLOWED, CLUSTER_SPEC
+
+    if not CLUSTER_SPEC.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; allowed: {CLUSTER_ALLOWED}")
+    return text
 
 
 def console() -> Console:

@@ -4,10 +4,9 @@ the link catalogue offer."""
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
-from testbed.cli.common import console
+from testbed.cli.common import PLOT_FORMATS, console, output_file
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -23,7 +22,7 @@ def cmd_traces(args: argparse.Namespace) -> int:
     if args.traces_cmd == "list":
         traces_list(console())
     else:
-        traces_show(args.name, Path(args.plot) if args.plot else None, console(),
+        traces_show(args.name, args.plot, console(),
                     direction=args.direction)
     return 0
 
@@ -35,7 +34,7 @@ def cmd_networks(args: argparse.Namespace) -> int:
         networks_list(console(), campaign=args.campaign)
     else:
         networks_show(args.name, console(), campaign=args.campaign,
-                      plot=Path(args.plot) if args.plot else None)
+                      plot=args.plot)
     return 0
 
 
@@ -51,7 +50,8 @@ def register(sub: Any) -> None:
                                    "trace file's path")
     show.add_argument("--direction", choices=["up", "down"],
                       help="the direction of a file not named *.up / *.down")
-    show.add_argument("--plot", metavar="FILE.png", help="write capacity over time to FILE.png")
+    show.add_argument("--plot", metavar="FILE.png", type=output_file("--plot", PLOT_FORMATS),
+                      help="write capacity over time to FILE (.png, .pdf or .svg)")
     p.set_defaults(func=cmd_traces)
 
     p = sub.add_parser("networks", help="list or show the networks a campaign can name")
@@ -61,5 +61,6 @@ def register(sub: Any) -> None:
     nshow = nsub.add_parser("show", help="one network resolved: its definition, links, RTTs")
     nshow.add_argument("name", help="a network name (see `testbed networks list`)")
     nshow.add_argument("--campaign", metavar="FILE", help="look in FILE's [networks] too")
-    nshow.add_argument("--plot", metavar="FILE.png", help="write its capacity over time")
+    nshow.add_argument("--plot", metavar="FILE.png", type=output_file("--plot", PLOT_FORMATS),
+                       help="write its capacity and delay over time (.png, .pdf or .svg)")
     p.set_defaults(func=cmd_networks)

@@ -8,6 +8,9 @@ Rules of the format (as mm-link reads it):
 - stamps never decrease, and the last stamp (the period) is greater than zero;
 - replay wraps around: after the last stamp the whole list repeats, shifted by the
   period, forever.
+- the file is plain ASCII; Windows line ends (CRLF), blank lines and spaces around a
+  stamp are accepted and read as the same stamps (mm-link itself refuses blank lines);
+  a UTF-8 byte order mark or any other non-ASCII byte is refused, naming the line.
 
 Replay may start anywhere in the trace (the *offset*); times returned by
 `Trace.opportunities` are measured from the replay start, not from the trace start.
@@ -192,6 +195,23 @@ def _direction_of(path: Path) -> Direction:
     return direction
 
 
+def ascii_text(path: Path, what: str) -> str:
+    """A trace file's text, or a one-line TraceError saying why it is not plain ASCII."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read {what} ({exc.strerror})") from None
+    if data.startswith(b"\xef\xbb\xbf"):
+        raise TraceError(f"{path}: starts with a UTF-8 byte order mark (EF BB BF); {what}s "
+                         "are plain ASCII: save it without the mark")
+    try:
+        return data.decode("ascii")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise TraceError(f"{path}:{line}: byte 0x{data[exc.start]:02x} is not ASCII; "
+                         f"{what}s are plain ASCII text") from None
+
+
 def _parse_stamps(path: Path, text: str) -> IntArray:
     values: list[int] = []
     previous = -1
@@ -199,12 +219,10 @@ def _parse_stamps(path: Path, text: str) -> IntArray:
         line = raw.strip()
         if not line:
             continue
-        try:
-            stamp = int(line, 10)
-        except ValueError:
+        if not line.lstrip("-").isdigit():
             raise TraceError(
-                f"{path}:{lineno}: expected an integer millisecond stamp, got {line[:40]!r}"
-            ) from None
+                f"{path}:{lineno}: expected an integer millisecond stamp, got {line[:40]!r}")
+        stamp = int(line, 10)
         if stamp < 0:
             raise TraceError(f"{path}:{lineno}: stamp {stamp} is negative")
         if stamp < previous:
@@ -228,11 +246,7 @@ def load_trace(path: Path | str, *, direction: Direction | None = None) -> Trace
         direction = _direction_of(path)
     elif direction not in ("up", "down"):
         raise TraceError(f"direction: {direction!r} is not one of 'up', 'down'")
-    try:
-        text = path.read_text(encoding="ascii")
-    except UnicodeDecodeError as exc:
-        raise TraceError(f"{path}: not a text trace ({exc.reason})") from None
-    stamps = _parse_stamps(path, text)
+    stamps = _parse_stamps(path, ascii_text(path, "trace"))
     return Trace(name=path.name, direction=direction, stamps_ms=stamps, period_ms=int(stamps[-1]))
 
 
@@ -365,10 +379,7 @@ class DelayTrace:
 def load_delay_trace(path: Path | str) -> DelayTrace:
     """Read a delay trace file (module rules); errors name the file and line."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="ascii")
-    except UnicodeDecodeError as exc:
-        raise TraceError(f"{path}: not a text delay trace ({exc.reason})") from None
+    text = ascii_text(path, "delay trace")
     steps: list[tuple[float, float]] = []
     for lineno, raw in enumerate(text.splitlines(), start=1):
         line = raw.split("#", 1)[0].strip()

@@ -9,8 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
+from testbed.errors import UserError
 from testbed.report.figures import build_figures
-from testbed.report.link_figures import link_figures, link_health_lines
+from testbed.report.link_figures import link_figures, link_health_lines, resolve_episode
 from testbed.report.load import load_run
 from testbed.report.render import ReportInputs, render_html, render_markdown
 from testbed.report.stats import DEFAULT_DRAWS
@@ -41,7 +42,7 @@ def build_report(
     link plots to draw (default: the first with a link log of each network).
     """
     if draws < 1:
-        raise ValueError(f"draws: must be >= 1, got {draws}")
+        raise UserError(f"--draws: {draws} is not allowed; allowed: an integer >= 1")
     run_dir = Path(run_dir)
 
     def say(message: str) -> None:
@@ -49,6 +50,8 @@ def build_report(
             console.print(message)
 
     run = load_run(run_dir)
+    if episode is not None:  # before minutes of bootstrap, not after
+        episode = resolve_episode(run, episode)
     say(f"report: {run.campaign}: {len(run.episodes)} episodes, {len(run.actions)} actions")
     tables = build_tables(run, draws=draws, seed=seed)
     table_files: list[Path] = []

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from testbed.errors import UserError
 from testbed.links.logread import link_series, read_log
 from testbed.report import slicing
 from testbed.report.figures import save
@@ -87,6 +88,26 @@ def link_health_lines(run: Run) -> list[str]:
                      f"{float(row.get('emulator_late_max_ms') or math.nan):.2f} ms "
                      f"(> {LATE_LIMIT_MS:g} ms: the host disturbed this episode's timing)")
     return lines
+
+
+class EpisodeChoiceError(UserError):
+    """``--episode`` names no episode of the run, or one without a packet log."""
+
+
+def resolve_episode(run: Run, episode: str) -> str:
+    """The episode key ``--episode`` names (the ``links/`` folder form, with ``~`` for
+    ``/``, is accepted too); a one-line error if the run has no such logged episode."""
+    key = episode.strip().rstrip("/").replace("~", "/")
+    ep = run.episodes
+    logged = ep[ep["link_log"].notna()] if "link_log" in ep else ep.iloc[0:0]
+    some = ", ".join(logged["episode"].head(3)) if len(logged) else ""
+    hint = f"; logged episodes include {some}" if some else \
+        "; no episode of this run has one (options.link_log = true writes them)"
+    if key not in set(ep["episode"]):
+        raise EpisodeChoiceError(f"--episode: {episode!r} is not an episode of this run{hint}")
+    if key not in set(logged["episode"]):
+        raise EpisodeChoiceError(f"--episode: {key} has no packet log{hint}")
+    return key
 
 
 def _chosen(run: Run, episode: str | None) -> tuple[list[pd.Series], list[str]]:

@@ -20,6 +20,10 @@ Rules this module obeys (a killed campaign loses at most the episode in flight):
    ignores shards/ and state.sqlite). Opening a directory whose consolidated tables
    hold episodes that have no shard (a fresh clone) first writes those shards back
    from the tables, so ``--resume`` and ``--extend`` never repeat a committed episode.
+6. A run that ends before its first episode is committed, in a directory that held no
+   run, leaves nothing (:meth:`RunDir.discard`): no manifest, ledger, lock or shard
+   folders, and the folder itself if the run made it, so the next plain run starts
+   there as if nothing had happened.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import sqlite3
 import time
 from collections.abc import Mapping, Sequence
@@ -96,6 +101,30 @@ class RunDir:
         for key in self.completed():
             db.execute("UPDATE episodes SET status='complete' WHERE key=? AND "
                        "status='started'", (key,))
+
+    def discard(self, *, remove_folder: bool) -> None:
+        """Remove what :meth:`open` and the loop made in a directory that held no run
+        (rule 6): only the layout's own names, never a committed shard; the folder too
+        with REMOVE_FOLDER (this run created it) when nothing else is left in it."""
+        if self.completed():
+            raise RunDirError(f"{self.path}: holds committed episodes; not discarded")
+        self.close()
+        for name in ("manifest.json", "state.sqlite", "state.sqlite-journal",
+                     "state.sqlite-wal", "state.sqlite-shm", self.lock_path.name):
+            (self.path / name).unlink(missing_ok=True)
+        for folder in (self.actions_dir, self.episodes_dir):
+            if folder.is_dir():  # no episode is committed: these are uncommitted halves
+                for leftover in folder.iterdir():
+                    leftover.unlink()
+                folder.rmdir()
+        shards = self.path / "shards"
+        if shards.is_dir() and not any(shards.iterdir()):
+            shards.rmdir()
+        links = self.path / "links"
+        if links.is_dir():
+            shutil.rmtree(links)
+        if remove_folder and self.path.is_dir() and not any(self.path.iterdir()):
+            self.path.rmdir()
 
     def close(self) -> None:
         if self._db is not None:

@@ -30,6 +30,10 @@ Rules this module obeys:
    its ``scheduled_actions`` keep its slots in availability denominators. The group's
    topology and processes are then closed and reopened before the next episode, so a
    dead node cannot abort the rest of the group.
+6. A run that stops before its first episode is committed (a host or user error at the
+   first topology, Ctrl-C) in a directory that held no run removes what it created
+   (``RunDir.discard``): the next plain run on that ``--out`` starts afresh. What a
+   run can check beforehand it checks before anything exists (``testbed.run.preflight``).
 """
 
 from __future__ import annotations
@@ -91,7 +95,9 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
         engine = LocalEngine(runner, jobs=jobs)
     run_dir = RunDir(out_dir)
     extended_from: dict[str, int] | None = None
-    if not run_dir.is_empty():
+    fresh = run_dir.is_empty()  # rule 6: a failed start here leaves nothing
+    made_folder = not run_dir.path.exists()
+    if not fresh:
         if not (resume or extend):
             raise CampaignError(f"{run_dir.path}: not empty; pass --resume to finish that run "
                                 "(or --extend to grow it) or choose another --out")
@@ -143,13 +149,16 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
         status = "complete"
     finally:
         progress.stop()
-        sessions = run_dir.read_manifest().get("sessions", [])
-        if sessions:
-            sessions[-1] = {**sessions[-1], "ended_at": _now(), "status": status}
-        run_dir.update_manifest(sessions=sessions, status=status, ended_at=_now())
-        if run_dir.completed():
-            run_dir.consolidate()
-        run_dir.close()
+        if fresh and status != "complete" and not run_dir.completed():
+            run_dir.discard(remove_folder=made_folder)  # rule 6: a failed start
+        else:
+            sessions = run_dir.read_manifest().get("sessions", [])
+            if sessions:
+                sessions[-1] = {**sessions[-1], "ended_at": _now(), "status": status}
+            run_dir.update_manifest(sessions=sessions, status=status, ended_at=_now())
+            if run_dir.completed():
+                run_dir.consolidate()
+            run_dir.close()
     if status == "complete":
         print_summary(run_dir.path, console)
     return RunSummary(run_dir.path, len(campaign.episodes()), len(done), counts["ran"],

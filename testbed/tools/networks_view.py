@@ -91,7 +91,13 @@ def networks_show(name: str, console: Console, *, campaign: str | None = None,
                   plot: Path | None = None) -> None:
     known = _networks(campaign)
     if name not in known:
-        get_profile(name)  # raises the one-line reason (unknown, or traces missing)
+        try:
+            get_profile(name)  # raises the one-line reason (unknown, or traces missing)
+        except ProfileError as exc:
+            if campaign is not None or "unknown profile" not in str(exc):
+                raise
+            raise ProfileError(f"{exc} (a network a campaign file defines needs --campaign "
+                               "FILE)") from None
     profile, origin = known[name]
     console.print(f"# {origin}", markup=False)
     console.print(definition_toml(name, profile), markup=False, highlight=False)
@@ -141,4 +147,5 @@ def write_network_plot(profile: NetworkProfile, path: Path) -> None:
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7, loc="upper right")
     axes[-1].set_xlabel("trace time (s)")
+    path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=100)

@@ -80,6 +80,20 @@ def estimate_wall_s(campaign: Campaign, jobs: int = 1) -> float:
     return loop_s + (emulated_s + topologies * TOPOLOGY_SETUP_S) / max(1, jobs)
 
 
+def estimate_warnings(campaign: Campaign, jobs: int = 1) -> list[str]:
+    """Networks whose episodes the estimate puts beyond ``options.episode_timeout_s``
+    (they would be aborted), one line each."""
+    limit = campaign.options.episode_timeout_s
+    worst: dict[str, float] = {}
+    for cell in campaign.cells():
+        seconds = _episode_s(campaign.network_profile(cell.network), cell)
+        worst[cell.network] = max(worst.get(cell.network, 0.0), seconds)
+    return [f"grid.network: episodes on {name} are estimated at about "
+            f"{_fmt_duration(seconds)}, beyond options.episode_timeout_s ({limit:g} s); "
+            "they would be aborted"
+            for name, seconds in worst.items() if seconds > limit]
+
+
 def _fmt_duration(seconds: float) -> str:
     if seconds < 90:
         return f"{seconds:.0f} s"
@@ -122,7 +136,22 @@ def network_lines(name: str, profile: NetworkProfile, *, defined: bool,
     return lines
 
 
+def backend_line(chosen: str, probed: dict[str, str] | None, cluster: str | None) -> str:
+    """What the run's backends will be: probed here, chosen by the workers, or unknown."""
+    if cluster is not None:
+        return f"backend: {chosen} (each worker of {cluster} probes its own)"
+    if probed is None:
+        return (f"backend: {chosen} (not probed: that needs root; `testbed run` probes "
+                "before it creates anything, see `testbed doctor`)")
+    shaped = {net: b for net, b in probed.items() if b != "none"}
+    if not shaped:
+        return "backend: none (every network is unshaped)"
+    return f"backend: {chosen}, probed here: " + ", ".join(
+        f"{net} on {b}" for net, b in shaped.items())
+
+
 def plan_lines(campaign: Campaign, *, jobs: int = 1, backend: str | None = None,
+               probed: dict[str, str] | None = None, cluster: str | None = None,
                ) -> list[str]:
     cells = campaign.cells()
     episodes = campaign.episodes()
@@ -140,8 +169,7 @@ def plan_lines(campaign: Campaign, *, jobs: int = 1, backend: str | None = None,
         lines += network_lines(name, campaign.network_profile(name),
                                defined=name in campaign.networks, teams=teams[name])
     chosen = backend or campaign.options.backend
-    lines.append(f"backend: {chosen}" + (" (chosen when the run starts; see `testbed "
-                                         "doctor`)" if chosen == "auto" else ""))
+    lines.append(backend_line(chosen, probed, cluster))
     if campaign.options.link_log:
         lines.append("link_log: every episode writes per-host packet logs under "
                      "<out>/links/ (userspace backend)")
@@ -151,8 +179,10 @@ def plan_lines(campaign: Campaign, *, jobs: int = 1, backend: str | None = None,
 
 
 def print_plan(campaign: Campaign, console: Any, *, jobs: int = 1,
-               backend: str | None = None) -> None:
-    for line in plan_lines(campaign, jobs=jobs, backend=backend):
+               backend: str | None = None, probed: dict[str, str] | None = None,
+               cluster: str | None = None) -> None:
+    for line in plan_lines(campaign, jobs=jobs, backend=backend, probed=probed,
+                           cluster=cluster):
         console.print(line, markup=False)
     console.print("dry run: nothing was created (no run directory, no namespace)",
                   markup=False)

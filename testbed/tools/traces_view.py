@@ -133,6 +133,6 @@ def write_plot(trace: Trace, path: Path) -> None:
         ax.legend(loc="upper right", fontsize="small")
         fig.tight_layout()
         path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, format="png")
+        fig.savefig(path)
     finally:
         plt.close(fig)

@@ -132,14 +132,18 @@ def test_a_missing_tun_device_is_the_hosts_fault(tmp_path: Path) -> None:
     _one_line(proc, 3, "/nonexistent/net/tun does not exist", "modprobe tun")
 
 
-def test_neither_root_nor_user_namespaces_is_the_hosts_fault(tmp_path: Path) -> None:
+@pytest.mark.parametrize("command", ["run", "check"])
+def test_neither_root_nor_user_namespaces_is_the_hosts_fault(tmp_path: Path,
+                                                             command: str) -> None:
+    """`check` says it too: nothing fails in `run` that `check` passed."""
     (tmp_path / "c.toml").write_text(_FIXED)
     script = ("import os, sys; os.geteuid = lambda: 1000\n"
               "import testbed.host.userns as u; u.probe = lambda: (False, 'disabled here')\n"
               "from testbed.cli import main; sys.exit(main(sys.argv[1:]))")
-    proc = subprocess.run([sys.executable, "-c", script, "run", "c.toml"], cwd=tmp_path,
+    proc = subprocess.run([sys.executable, "-c", script, command, "c.toml"], cwd=tmp_path,
                           text=True, capture_output=True, timeout=120, check=False)
     _one_line(proc, 3, "needs root or unprivileged user namespaces (disabled here)")
+    assert list(tmp_path.iterdir()) == [tmp_path / "c.toml"]
 
 
 def test_a_bug_shows_its_traceback(monkeypatch: pytest.MonkeyPatch) -> None:

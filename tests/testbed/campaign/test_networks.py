@@ -122,7 +122,8 @@ BAD: list[tuple[str, str, str]] = [
     ("[networks.myfi.hosts.central]", "[networks.myfi.hosts.a7]",
      "networks.myfi.hosts.a7: no such agent in cells with agents = 3;"),
     ("[networks.myfi.hosts.central]", "[networks.myfi.hosts.bob]",
-     "networks.myfi.hosts.bob: no such agent"),
+     "networks.myfi.hosts.bob: 'bob' is not a host name; allowed: an agent index (0..2), "
+     "an agent name (a0..a2) or central"),
     ("[networks.myfi.hosts.central]\nrate_kbit = 50000\ndelay_ms = 1",
      "[networks.myfi.hosts.1]\nrate_kbit = 1\n[networks.myfi.hosts.a1]\nrate_kbit = 2",
      "networks.myfi.hosts.a1: agent 1 is already given as hosts.1; name each host once"),

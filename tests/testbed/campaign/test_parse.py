@@ -64,7 +64,8 @@ def test_load_by_path_equals_parse(tmp_path: Path) -> None:
     ("nosuch", "campaign: 'nosuch' is neither a file nor a preset; presets: artifact, "
                "batches, demo, density, handoff, horizon, primary, rates, replanning, reuse, "
                "scope, teams"),
-    ("missing/x.toml", "campaign: 'missing/x.toml' is file not found; presets: artifact,"),
+    ("missing/x.toml", "campaign: 'missing/x.toml' is not a file (no such file); presets: "
+                       "artifact,"),
 ])
 def test_unknown_campaign_lists_presets(arg: str, message: str) -> None:
     with pytest.raises(CampaignError) as info:

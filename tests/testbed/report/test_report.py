@@ -16,6 +16,7 @@ import pytest
 from testbed.report import figures
 from testbed.report.build import build_report
 from testbed.report.figures import traces_figure
+from testbed.report.link_figures import EpisodeChoiceError
 from testbed.report.load import load_run
 from testbed.report.naming import display_name
 from testbed.report.stats import compare, practical_tie, two_stage_draws
@@ -617,9 +618,11 @@ def test_report_episode_choice(tmp_path: Path) -> None:
     logged = load_run(run).episodes.dropna(subset=["link_log"]).iloc[0]["episode"]
     summary = build_report(run, draws=50, episode=str(logged))
     assert "fig_link_episode" in {p.stem for p in summary["figures"]}
-    other = build_report(run, draws=50, episode="no/such")
-    assert any(n.startswith("link plots: episode no/such has no link log") for n in
-               other["notes"])
+    folder_form = build_report(run, draws=50, episode=str(logged).replace("/", "~"))
+    assert "fig_link_episode" in {p.stem for p in folder_form["figures"]}
+    with pytest.raises(EpisodeChoiceError, match=r"^--episode: 'no/such' is not an episode "
+                                                 r"of this run; logged episodes include "):
+        build_report(run, draws=50, episode="no/such")
 
 
 def test_trace_figure_plots_the_recorded_files(tmp_path: Path) -> None:

@@ -75,7 +75,9 @@ class FakeRunner:
 
     def __init__(self, *, kill_at: Sequence[str] = (), crash_at: Sequence[str] = (),
                  abort_at: Sequence[str] = (), hang_at: Sequence[str] = (),
-                 bad_rows: bool = False, unshaped: Sequence[str] = ("loopback",)) -> None:
+                 bad_rows: bool = False, unshaped: Sequence[str] = ("loopback",),
+                 open_error: BaseException | None = None) -> None:
+        self.open_error = open_error  # raised by every open_group (a failed start)
         self.unshaped = set(unshaped)  # networks without a link: they must run alone
         self.kill_at, self.crash_at = set(kill_at), set(crash_at)
         self.abort_at, self.hang_at = set(abort_at), set(hang_at)
@@ -92,6 +94,8 @@ class FakeRunner:
     @asynccontextmanager
     async def open_group(self, key: GroupKey, cells: Sequence[Cell]) -> AsyncIterator[FakeGroup]:
         assert all(c.group_key == key for c in cells)
+        if self.open_error is not None:
+            raise self.open_error
         self.opened.append(key)
         self.open_now += 1
         self.max_open = max(self.max_open, self.open_now)

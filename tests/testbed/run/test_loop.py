@@ -17,6 +17,7 @@ import trio
 
 from testbed.campaign.model import CampaignError, episode_key
 from testbed.campaign.parse import load_campaign, parse_campaign
+from testbed.errors import HostError
 from testbed.results.rundir import RunDir, RunDirError
 from testbed.results.schema import ACTION_COLUMNS, EPISODE_COLUMNS, ResultRowError
 from testbed.results.summary import summary_frame
@@ -114,6 +115,37 @@ async def test_resume_reruns_started_and_never_repeats_completed(tmp_path: Path)
     await run_small(campaign, tmp_path, third, resume=True)
     assert third.calls == []
     assert third.opened == [], "no topology is built when nothing is left"
+
+
+@pytest.mark.parametrize("existing", [False, True])
+async def test_a_failed_start_leaves_nothing(tmp_path: Path, existing: bool) -> None:
+    """A host that cannot build the first topology: nothing of the run remains, and a
+    plain run on the same --out then works (no "not empty; pass --resume")."""
+    out = tmp_path / "out"
+    if existing:
+        out.mkdir()
+    campaign = parse_campaign(SMALL)
+    for error in (HostError("backend netem: does not work on this host"),
+                  KeyboardInterrupt()):
+        failing = FakeRunner(open_error=error)
+        with pytest.raises(type(error)):
+            await run_small(campaign, out, failing)
+        assert out.exists() == existing
+        if existing:
+            assert list(out.iterdir()) == []
+    await run_small(campaign, out, FakeRunner())
+    assert (out / "episodes.parquet").is_file()
+
+
+async def test_a_run_that_committed_an_episode_keeps_its_directory(tmp_path: Path) -> None:
+    campaign = parse_campaign(SMALL)
+    keys = [episode_key(c, t) for c, t in campaign.episodes()]
+    with pytest.raises(SimulatedCrash):
+        await run_small(campaign, tmp_path / "o", FakeRunner(crash_at=[keys[1]]))
+    assert json.loads((tmp_path / "o" / "manifest.json").read_text())["status"] == \
+        "interrupted"
+    with pytest.raises(CampaignError, match="not empty; pass --resume"):
+        await run_small(campaign, tmp_path / "o", FakeRunner())
 
 
 async def test_resume_refuses_a_different_campaign(tmp_path: Path) -> None:
@@ -369,6 +401,7 @@ from testbed.results import atomic
 from testbed.run.loop import run_campaign
 from testbed.run.units import unshaped_networks
 from testbed.campaign.parse import load_campaign, parse_campaign
+from testbed.errors import HostError
 from tests.testbed.run.fake_runner import SMALL, FakeRunner
 
 out, kill_at, at_commit = Path(sys.argv[1]), sys.argv[2], sys.argv[3] == "commit"
