@@ -16,8 +16,8 @@ and down spec and their TUN fd as the parent numbers it), then ``{"op": "restart
 ``{"op": "counters"}``, ``{"op": "clear_lateness"}`` (also starts a new statistics
 window), ``{"op": "window"}`` (per direction since the window started: bytes, packets,
 capacity, queueing delay percentiles), ``{"op": "log_start", "dir": str, "label": str}``
-(a Mahimahi-format packet log per host and direction, ``<dir>/<host>.up.log`` /
-``.down.log``), ``{"op": "log_stop"}``, ``{"op": "fault", ...}``, ``{"op": "stop"}``.
+(a Mahimahi mm-link log per host and direction, ``<dir>/<host>.up.log`` /
+``.down.log``, and its drops and losses in ``.up.drops`` / ``.down.drops``), ``{"op": "log_stop"}``, ``{"op": "fault", ...}``, ``{"op": "stop"}``.
 Child -> parent: ``{"ok": true, ...}`` or ``{"ok": false, "error": str}``.
 """
 
@@ -35,7 +35,7 @@ from typing import Any
 from protocols import wire
 from protocols.errors import RemoteProtocolError
 from testbed.links.core import EmulatorCore, HostLinks
-from testbed.links.linklog import LinkLog
+from testbed.links.linklog import EXTRA_SUFFIX, LOG_SUFFIX, LinkLog
 from testbed.links.model import DirectionSpec, LinkQueue
 
 CONTROL_MAX_FRAME_BYTES = 64 * 1024 * 1024
@@ -221,6 +221,7 @@ def _log_start(st: GroupState, directory: str, label: str) -> None:
     assert st.core is not None
     log_stop(st)
     os.makedirs(directory, exist_ok=True)
+    now = _now_ms()
     for i, h in enumerate(st.core.hosts):
         for side in ("up", "down"):
             queue: LinkQueue = getattr(h, side)
@@ -233,8 +234,11 @@ def _log_start(st: GroupState, directory: str, label: str) -> None:
                       "emulator)", f"queue: {_queue_text(spec)}",
                       f"testbed: host {h.name}, {label}"]
             handle = open(path, "w", encoding="ascii", buffering=1 << 20)  # noqa: SIM115
+            extra = open(path.removesuffix(LOG_SUFFIX) + EXTRA_SUFFIX, "w",  # noqa: SIM115
+                         encoding="ascii", buffering=1 << 16)
             queue.log = LinkLog(handle, origin_ms=queue.origin_ms,
-                                opportunities=queue.opportunities, header=header)
+                                opportunities=queue.opportunities, header=header,
+                                extra=extra, start_ms=now)
 
 
 def log_stop(st: GroupState) -> None:

@@ -1,6 +1,8 @@
 """Reading Mahimahi-format link logs back (``testbed.links.linklog`` writes them): the
 series of a ``mm-throughput-graph``-like plot, throughput and capacity per bin and the
-queueing delay of every packet."""
+queueing delay of every packet. The drops and losses come from the ``.drops`` file
+beside a log; logs of runs made before it existed (decimal times, drops inline as
+``d`` lines) read the same way."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from testbed.links.linklog import PACKET_BYTES
+from testbed.links.linklog import EXTRA_SUFFIX, LOG_SUFFIX, PACKET_BYTES
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -28,12 +30,29 @@ class LogEvents:
     opportunities_ms: FloatArray
     drops_ms: FloatArray
     header: dict[str, str]
+    losses_ms: FloatArray | None = None
 
 
 def read_log(path: Path | str) -> LogEvents:
-    """Parse a Mahimahi-format link log (lines it does not know are skipped)."""
-    cols: dict[str, list[float]] = {k: [] for k in ("+", "+b", "-", "-b", "delay", "#", "d")}
+    """Parse a Mahimahi-format link log and its ``.drops`` file (lines neither format
+    knows are skipped)."""
+    cols: dict[str, list[float]] = {k: [] for k in ("+", "+b", "-", "-b", "delay", "#", "d",
+                                                    "l")}
     header: dict[str, str] = {}
+    path = Path(path)
+    _read_into(path, cols, header)
+    extra = path.with_name(path.name.removesuffix(LOG_SUFFIX) + EXTRA_SUFFIX)
+    if extra.is_file():
+        _read_into(extra, cols, {})
+
+    def arr(key: str) -> FloatArray:
+        return np.asarray(cols[key], dtype=np.float64)
+
+    return LogEvents(arr("+"), arr("+b"), arr("-"), arr("-b"), arr("delay"), arr("#"),
+                     arr("d"), header, arr("l"))
+
+
+def _read_into(path: Path, cols: dict[str, list[float]], header: dict[str, str]) -> None:
     with open(path, encoding="ascii", errors="replace") as handle:
         for line in handle:
             if line.startswith("#"):
@@ -55,16 +74,10 @@ def read_log(path: Path | str) -> LogEvents:
                     cols["delay"].append(float(parts[3]))
                 elif kind == "#":
                     cols["#"].append(t)
-                elif kind == "d":
-                    cols["d"].append(t)
+                elif kind in ("d", "l"):
+                    cols[kind].append(t)
             except ValueError:
                 continue
-
-    def arr(key: str) -> FloatArray:
-        return np.asarray(cols[key], dtype=np.float64)
-
-    return LogEvents(arr("+"), arr("+b"), arr("-"), arr("-b"), arr("delay"), arr("#"),
-                     arr("d"), header)
 
 
 def link_series(events: LogEvents, *, bin_ms: float = 500.0) -> dict[str, Any]:

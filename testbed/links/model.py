@@ -7,7 +7,9 @@ Rules of the model (one `LinkQueue` per host per direction):
 
 - A packet offered at time t joins a FIFO drop-tail queue. It is dropped on arrival if the
   queue would then hold more than `queue_packets` packets or `queue_bytes` bytes (the
-  packet partly sent at an opportunity still counts as queued).
+  packet partly sent at an opportunity still counts as queued). A drop-head queue
+  (`drop_head`, Mahimahi's ``drophead``) always takes the arriving packet and drops the
+  oldest packets not yet started until the bounds hold again.
 - The queue drains only at delivery opportunities. Each opportunity carries up to 1500
   bytes of queued data: several small packets, or a slice of a large one (a packet leaves
   when its last byte has been carried). Bytes an opportunity cannot use are lost, as in
@@ -88,8 +90,10 @@ class LinkQueue:
         gilbert: GilbertElliott | None = None,
         codel: Codel | None = None,
         delays: DelaySteps | None = None,
+        drop_head: bool = False,
     ) -> None:
         self.opportunities = opportunities
+        self.drop_head = drop_head
         self.delay_ms = delay_ms
         self.loss_fraction = loss_pct / 100.0
         self.queue_packets = queue_packets
@@ -135,14 +139,12 @@ class LinkQueue:
             log.arrival(t_ms, size)
         if self.opportunities is None:
             if log is not None:
-                log.departure(t_ms, size, 0.0)
+                log.departure(t_ms, size, t_ms)
             self.window_bytes += size
             self.window_released += 1
             self._release(item, size, t_ms)
             return True
-        if (self.queue_packets is not None and len(self._queue) + 1 > self.queue_packets) or (
-            self.queue_bytes is not None and self._queued_bytes + size > self.queue_bytes
-        ):
+        if not self.drop_head and self._over(1, size):
             self.counters.drops += 1
             if log is not None:
                 log.drop(t_ms, size)
@@ -151,7 +153,30 @@ class LinkQueue:
             self._next_k = max(self._first_k(t_ms), self._visited_k)
         self._queue.append([t_ms, size, item, size])
         self._queued_bytes += size
+        if self.drop_head:
+            return self._drop_from_head(t_ms, item)
         return True
+
+    def _over(self, packets: int, size: int) -> bool:
+        """Whether PACKETS more packets of SIZE bytes in all would break a bound."""
+        return (self.queue_packets is not None
+                and len(self._queue) + packets > self.queue_packets) or (
+            self.queue_bytes is not None and self._queued_bytes + size > self.queue_bytes)
+
+    def _drop_from_head(self, t_ms: float, item: Any) -> bool:
+        """Drop-head: evict the oldest packets not yet started while a bound is broken;
+        False if the arriving packet (ITEM) was among them."""
+        kept = True
+        while self._over(0, 0):
+            index = 0 if self._queue[0][3] == self._queue[0][1] else 1
+            victim = self._queue[index]
+            del self._queue[index]
+            self._queued_bytes -= victim[1]
+            self.counters.drops += 1
+            if self.log is not None:
+                self.log.drop(t_ms, victim[1])
+            kept = kept and victim[2] is not item
+        return kept
 
     # -- time
 
@@ -237,7 +262,7 @@ class LinkQueue:
                     if len(self.sojourns_ms) < MAX_SOJOURN_SAMPLES:
                         self.sojourns_ms.append(sojourn)
                     if log is not None:
-                        log.departure(t_opp, head[1], sojourn)
+                        log.departure(t_opp, head[1], head[0])
                     self._release(head[2], head[1], t_opp)
             self._next_k += 1
             self._visited_k = self._next_k
@@ -312,7 +337,7 @@ class DirectionSpec:
     period_ms: int | None = None
     offset_ms: float = 0.0
     gilbert: tuple[float, float, float, float] | None = None  # p, r, good %, bad %
-    queue_kind: str = "droptail"
+    queue_kind: str = "droptail"  # droptail | drophead | codel (the others: netem only)
     codel_target_ms: float = 5.0
     codel_interval_ms: float = 100.0
     delay_trace_name: str | None = None
@@ -344,6 +369,7 @@ class DirectionSpec:
             gilbert=gilbert,
             codel=codel,
             delays=delays,
+            drop_head=self.queue_kind == "drophead",
         )
 
 

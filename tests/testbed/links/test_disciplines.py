@@ -156,19 +156,22 @@ def test_link_log_is_mahimahi_format_and_reads_back(tmp_path: Path) -> None:
     q = LinkQueue(opps, queue_packets=2)
     q.restart(100.0)
     handle = io.StringIO()
-    q.log = LinkLog(handle, origin_ms=100.0, opportunities=opps, header=["mm-link test"])
+    extra = io.StringIO()
+    q.log = LinkLog(handle, origin_ms=100.0, opportunities=opps, header=["mm-link test"],
+                    extra=extra)
     for name in ("a", "b", "c"):  # c finds the queue full
-        q.offer(name, 1500, 105.0)
+        q.offer(name, 1500, 105.4)
     drain(q, 125.0)
     text_before_close = handle.getvalue()
     lines = [x for x in text_before_close.splitlines() if not x.startswith("#")]
-    # as mm-link: the refused packet is logged as an arrival, then as a drop
-    assert lines == ["5.000 + 1500", "5.000 + 1500", "5.000 + 1500", "5.000 d 1 1500",
-                     "10.000 # 1500",
-                     "10.000 - 1500 5.000", "20.000 # 1500", "20.000 - 1500 15.000"]
+    # as mm-link: the refused packet is logged as an arrival; its drop goes beside the log
+    assert lines == ["5 + 1500", "5 + 1500", "5 + 1500", "10 # 1500",
+                     "10 - 1500 5", "20 # 1500", "20 - 1500 15"]
+    assert extra.getvalue().splitlines()[1:] == ["5.400 d 1 1500"]
     assert "# init timestamp: 100" in text_before_close
     path = tmp_path / "a.up.log"
-    path.write_text(text_before_close + "30.000 # 1500\n40.000 # 1500\n")
+    path.write_text(text_before_close + "30 # 1500\n40 # 1500\n")
+    (tmp_path / "a.up.drops").write_text(extra.getvalue())
     events = read_log(path)
     assert list(events.delays_ms) == [5.0, 15.0]
     assert len(events.opportunities_ms) == 4
@@ -185,4 +188,4 @@ def test_an_unlimited_link_logs_arrival_and_departure_only() -> None:
     q.log = LinkLog(handle, origin_ms=0.0, opportunities=None, header=[])
     q.offer("p", 80, 2.0)
     assert [x for x in handle.getvalue().splitlines() if not x.startswith("#")] == [
-        "2.000 + 80", "2.000 - 80 0.000"]
+        "2 + 80", "2 - 80 0"]

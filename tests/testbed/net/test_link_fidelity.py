@@ -25,6 +25,7 @@ from testbed.net.topology import Topology, open_topology
 from testbed.tools.echo_probe import open_echo_server, timed_exchanges
 from testbed.tools.udp_probe import StreamResult, udp_stream
 from tests.privileges import require_netem
+from tests.testbed.links import mahimahi_graphs as mm
 
 pytestmark = pytest.mark.privileged
 
@@ -249,6 +250,11 @@ async def test_link_logs_and_statistics_of_a_live_link(tmp_path: Path) -> None:
     # 2000 datagrams/s offered to a 1000/s link: the queue grows to ~100 ms
     assert 50.0 < max(ours) < 200.0
     assert len(a_up.opportunities_ms) >= 200  # the unused ones too
+    for name in ("a.up", "b.down"):  # Mahimahi's graph scripts read what the emulator wrote
+        text = (tmp_path / "logs" / f"{name}.log").read_text()
+        assert mm.throughput_graph(text, 100)["capacity_mbit"] == pytest.approx(12, rel=0.05)
+        assert mm.delay_graph(text)["p95_delay_ms"] >= 0
+        assert (tmp_path / "logs" / f"{name}.drops").is_file()
     assert stats["up_qdelay_p95_ms"] > 20.0
     assert 0.0 < stats["up_utilisation"] <= 1.0
     assert stats["late_max_ms"] >= stats["late_p50_ms"] - 0.025
