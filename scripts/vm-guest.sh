@@ -37,7 +37,7 @@ say "kernel $(uname -r), $(nproc) cpus, $(awk '/MemTotal/ {print int($2/1024) " 
 # Kernel modules: the Debian kernel has all of these as modules.
 modules_rc=0
 : >"$RUN/modules.txt"
-for m in tun veth bridge sch_netem sch_tbf sch_htb; do
+for m in tun veth bridge sch_netem sch_tbf sch_htb sch_codel sch_fq_codel sch_pie; do
   if modprobe "$m" >>"$RUN/modules.txt" 2>&1; then
     echo "$m: loaded" >>"$RUN/modules.txt"
   else

@@ -35,6 +35,7 @@ from testbed.links.netdef import network_to_data, parse_network
 from testbed.links.netem_plan import unsupported
 from testbed.links.profiles import network_template, profile_names
 from testbed.links.traces import TraceError, file_digest, load_trace_ref, resolve_trace_ref
+from testbed.links.userspace_support import support_problem as userspace_problem
 
 _AGENT_NAME = re.compile(r"^a(\d+)$")
 
@@ -141,11 +142,16 @@ def check_against_grid(campaign: Campaign) -> None:
 
 def check_backend(campaign: Campaign, backend: str) -> None:
     """Refuse an explicit backend that cannot run some network of CAMPAIGN as defined."""
-    if backend != "netem":
+    if backend not in ("netem", "userspace"):
         return
     for name in campaign.network_names():
         profile = campaign.network_profile(name)
         if profile.link is None:
+            continue
+        if backend == "userspace":
+            reason = userspace_problem(profile)
+            if reason is not None:
+                raise CampaignError(f"backend userspace: {reason}")
             continue
         if campaign.options.link_log:
             raise CampaignError("options.link_log: the netem backend keeps no packet log; "

@@ -23,7 +23,7 @@ from typing import Any
 
 from testbed.errors import HostError, UserError
 from testbed.host.ledger import Ledger
-from testbed.links import netem, netem_support, userspace
+from testbed.links import netem, netem_probes, netem_support, userspace, userspace_support
 from testbed.links.backend import (
     BACKEND_CHOICES,
     NO_BACKEND,
@@ -55,8 +55,10 @@ AUTO_ORDER = ("netem", "userspace")
 def _kinds() -> dict[str, BackendKind]:
     return {
         "userspace": BackendKind("userspace", userspace.open_userspace_links,
-                                 userspace.probes, "TUN devices + emulator process"),
-        "netem": BackendKind("netem", netem.open_netem_links, netem.probes,
+                                 userspace.probes, "TUN devices + emulator process",
+                                 userspace_support.support_problem,
+                                 userspace_support.check_supported),
+        "netem": BackendKind("netem", netem.open_netem_links, netem_probes.probes,
                              "veth pairs + kernel netem/tbf qdiscs",
                              netem_support.support_problem, netem_support.check_supported),
     }

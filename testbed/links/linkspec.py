@@ -13,10 +13,20 @@ Rules:
   direction (``rate_kbit``, or ``up_rate_kbit`` / ``down_rate_kbit``), or only delayed;
   a ``delay_trace`` makes the delay a step function of time;
 - each direction has a queue in front of the bottleneck: drop-tail bounded by
-  ``queue_packets`` and, optionally, ``queue_bytes``, or CoDel (``queue_kind = "codel"``
-  with ``codel_target_ms`` / ``codel_interval_ms``, as Mahimahi's) under the same bounds;
+  ``queue_packets`` and, optionally, ``queue_bytes``; drop-head (Mahimahi's
+  ``drophead``: the oldest packets go); CoDel (``queue_kind = "codel"`` with
+  ``codel_target_ms`` / ``codel_interval_ms``, as Mahimahi's); or the kernel's PIE and
+  fq_codel (the netem backend only) under the same packet bound;
 - released packets are lost independently (``loss_pct``) or by a Gilbert-Elliott
   two-state chain (``gilbert``), never both;
+- the delay, the loss and the queue may differ per direction (``up_delay_ms`` /
+  ``down_delay_ms``, ``up_loss`` / ``down_loss``, ``up_queue`` / ``down_queue``), each
+  replacing the common value for its direction; :meth:`LinkSpec.side` resolves one
+  direction;
+- ``order`` says where the delay sits on each direction: ``link_then_delay`` (the
+  default: the queue and the trace first, then the propagation delay),
+  ``delay_then_link``, or ``mahimahi`` (as ``mm-delay D mm-link UP DOWN``: the uplink
+  queues then is delayed, the downlink is delayed then queues);
 - ``trace_offset_s`` is added to the cell's trace offset for this link, and an offset
   past a trace's end is refused unless ``trace_wrap`` (then replay wraps, as it always
   does while running);
@@ -40,9 +50,17 @@ DEFAULT_QUEUE_PACKETS = 1000
 """Drop-tail bound per direction; like Linux's default txqueuelen (1.5 MB of full packets)."""
 DEFAULT_CONGESTION_CONTROL = "cubic"
 MIN_QUEUE_BYTES = 1500  # one full-size packet must fit, or the link could carry nothing
-QUEUE_KINDS = ("droptail", "codel")
+QUEUE_KINDS = ("droptail", "drophead", "codel", "pie", "fq_codel")
+AQM_KINDS = ("codel", "pie", "fq_codel")
+"""Queues that drop by delay: they need a bottleneck (a trace or a rate)."""
 CODEL_TARGET_MS = 5.0
 CODEL_INTERVAL_MS = 100.0
+PIE_TARGET_MS = 15.0
+PIE_TUPDATE_MS = 15.0
+FQ_CODEL_FLOWS = 1024
+ORDERS = ("link_then_delay", "delay_then_link", "mahimahi")
+DEFAULT_ORDER = ORDERS[0]
+DIRECTIONS = ("up", "down")
 CENTRAL_HOST = "central"
 """The host name of the central service (``testbed.net.plan`` names it so)."""
 
@@ -107,6 +125,78 @@ class GilbertLoss:
         return 1.0 / self.r
 
 
+def _check_count(field: str, value: Any, low: int, what: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ProfileError(f"{field}: {value!r} is not allowed; use an integer >= {low} "
+                           f"({what})")
+
+
+@dataclass(frozen=True)
+class QueueSpec:
+    """One direction's queue: its kind, its bounds and its discipline's settings.
+
+    ``target_ms`` / ``interval_ms``: CoDel's and fq_codel's (PIE: its target delay and
+    ``tupdate_ms``, how often it recomputes its drop probability); ``flows``:
+    fq_codel's flow queues. Settings of other kinds are kept at their defaults.
+    """
+
+    kind: str = "droptail"
+    packets: int = DEFAULT_QUEUE_PACKETS
+    bytes: int | None = None
+    target_ms: float = CODEL_TARGET_MS
+    interval_ms: float = CODEL_INTERVAL_MS
+    tupdate_ms: float = PIE_TUPDATE_MS
+    flows: int = FQ_CODEL_FLOWS
+
+    def __post_init__(self) -> None:
+        if self.kind not in QUEUE_KINDS:
+            raise ProfileError(f"queue.kind: {self.kind!r} is not allowed; allowed: "
+                               f"{', '.join(QUEUE_KINDS)}")
+        _check_count("queue.packets", self.packets, 1, "packets the queue holds")
+        if self.bytes is not None:
+            _check_count("queue.bytes", self.bytes, MIN_QUEUE_BYTES,
+                         "bytes the queue holds; one full packet must fit")
+        check_number("queue.target_ms", self.target_ms, low=0.0, high=10_000.0, low_open=True)
+        check_number("queue.interval_ms", self.interval_ms, low=self.target_ms,
+                     high=100_000.0)
+        check_number("queue.tupdate_ms", self.tupdate_ms, low=0.0, high=10_000.0,
+                     low_open=True)
+        _check_count("queue.flows", self.flows, 1, "fq_codel's flow queues")
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    """One direction's loss: independent (``pct``) or a Gilbert-Elliott chain."""
+
+    pct: float = 0.0
+    gilbert: GilbertLoss | None = None
+
+    def __post_init__(self) -> None:
+        check_number("loss.pct", self.pct, low=0.0, high=100.0, high_open=True)
+        if self.gilbert is not None and self.pct > 0:
+            raise ProfileError("loss: give either an iid pct or a gilbert model, not both")
+
+
+@dataclass(frozen=True)
+class Side:
+    """One direction of a link, resolved (:meth:`LinkSpec.side`): what a backend builds."""
+
+    direction: str
+    trace: str | None
+    rate_kbit: float | None
+    delay_ms: float
+    delay_trace: str | None
+    loss_pct: float
+    gilbert: GilbertLoss | None
+    queue: QueueSpec
+    delay_first: bool
+    trace_offset_s: float = 0.0
+
+    @property
+    def shaped(self) -> bool:
+        return self.trace is not None or self.rate_kbit is not None
+
+
 @dataclass(frozen=True)
 class LinkSpec:
     """One host's access link, both directions (see the module rules).
@@ -133,6 +223,15 @@ class LinkSpec:
     codel_interval_ms: float = CODEL_INTERVAL_MS
     trace_offset_s: float = 0.0
     trace_wrap: bool = False
+    up_delay_ms: float | None = None
+    down_delay_ms: float | None = None
+    up_loss: LossSpec | None = None
+    down_loss: LossSpec | None = None
+    up_queue: QueueSpec | None = None
+    down_queue: QueueSpec | None = None
+    order: str = DEFAULT_ORDER
+    queue_tupdate_ms: float = PIE_TUPDATE_MS
+    queue_flows: int = FQ_CODEL_FLOWS
 
     def __post_init__(self) -> None:
         if (self.up_trace is None) != (self.down_trace is None):
@@ -171,6 +270,14 @@ class LinkSpec:
                      low_open=True)
         check_number("codel_interval_ms", self.codel_interval_ms, low=self.codel_target_ms,
                      high=100_000.0)
+        self.queue  # noqa: B018  (validates the common queue's other settings)
+        for side in DIRECTIONS:
+            own = getattr(self, f"{side}_delay_ms")
+            if own is not None:
+                check_number(f"{side}_delay_ms", own, low=0.0, high=10_000.0)
+        if self.order not in ORDERS:
+            raise ProfileError(f"order: {self.order!r} is not allowed; allowed: "
+                               f"{', '.join(ORDERS)}")
         check_number("trace_offset_s", self.trace_offset_s, low=0.0, high=1e6, high_open=True)
         if not isinstance(self.trace_wrap, bool):
             raise ProfileError(f"trace_wrap: {self.trace_wrap!r} is not allowed; use true "
@@ -196,6 +303,37 @@ class LinkSpec:
     def with_overrides(self, **given: Any) -> LinkSpec:
         return replace(self, **given)  # __post_init__ validates the overrides
 
+    @property
+    def queue(self) -> QueueSpec:
+        """The common queue (both directions unless ``up_queue`` / ``down_queue``)."""
+        return QueueSpec(self.queue_kind, self.queue_packets, self.queue_bytes,
+                         self.codel_target_ms, self.codel_interval_ms, self.queue_tupdate_ms,
+                         self.queue_flows)
+
+    def side(self, direction: str) -> Side:
+        """One direction, resolved: its own delay, loss and queue, else the common ones,
+        and where the delay sits (``order``)."""
+        if direction not in DIRECTIONS:
+            raise ValueError(f"direction: 'up' or 'down', got {direction!r}")
+        own_delay = getattr(self, f"{direction}_delay_ms")
+        loss = getattr(self, f"{direction}_loss") or LossSpec(self.loss_pct, self.gilbert)
+        first = self.order == "delay_then_link" or (self.order == "mahimahi"
+                                                    and direction == "down")
+        return Side(direction, self.trace_of(direction),
+                    None if self.trace_driven else self.rate_of(direction),
+                    self.delay_ms if own_delay is None else own_delay,
+                    self.delay_trace if own_delay is None else None,
+                    loss.pct, loss.gilbert,
+                    getattr(self, f"{direction}_queue") or self.queue, first,
+                    self.trace_offset_s)
+
+    @property
+    def sides(self) -> tuple[Side, Side]:
+        return self.side("up"), self.side("down")
+
+    def queues(self) -> list[QueueSpec]:
+        return [s.queue for s in self.sides]
+
 
 @dataclass(frozen=True)
 class NetworkProfile:
@@ -218,7 +356,7 @@ class NetworkProfile:
     @property
     def base_rtt_ms(self) -> float:
         """Propagation-only round trip between two hosts on the common link."""
-        return 0.0 if self.link is None else 4.0 * self.link.delay_ms
+        return 0.0 if self.link is None else self.rtt_between_ms(self.link, self.link)
 
     def link_of(self, host: str, index: int) -> LinkSpec | None:
         """The access link of host HOST, the INDEX-th of the topology's hosts.
@@ -238,8 +376,9 @@ class NetworkProfile:
 
     @staticmethod
     def rtt_between_ms(a: LinkSpec, b: LinkSpec) -> float:
-        """Propagation-only round trip between hosts with links A and B."""
-        return 2.0 * (a.delay_ms + b.delay_ms)
+        """Propagation-only round trip between hosts with links A and B: A's uplink and
+        B's downlink one way, B's uplink and A's downlink back."""
+        return sum(link.side(d).delay_ms for link in (a, b) for d in DIRECTIONS)
 
     def links(self) -> list[LinkSpec]:
         """Every distinct link of the network: the common one, then the hosts' own."""

@@ -25,6 +25,11 @@ Rules of the model (one `LinkQueue` per host per direction):
   (exit = max(release + delay, previous exit)): the path stays FIFO when the delay drops.
 - With CoDel (`codel`), the packet about to start leaving at an opportunity may be
   dropped instead, by RFC 8289's rules on its sojourn time (arrival -> opportunity).
+- `delay_first` puts the delay before the queue (``order = "delay_then_link"``, and
+  the downlink of ``order = "mahimahi"``, as ``mm-delay`` outside ``mm-link``): a packet
+  offered at t reaches the queue at t + delay (the delay trace's value at t; still
+  FIFO), is queued there as if offered then (opportunities up to that time are used
+  first, as mm-link does), and leaves the link at its release.
 - Times are model milliseconds (the emulator feeds `time.monotonic()` * 1000). Exit times
   are *ideal* times (release time + delay), not the time the caller happened to look, so
   wake-up lateness of one stage never accumulates into the next.
@@ -63,6 +68,8 @@ __all__ = ["PACKET_BYTES", "DelaySteps", "DirectionCounters", "DirectionSpec", "
 
 PACKET_BYTES = 1500
 """Bytes one delivery opportunity carries (mm-link's fixed packet size)."""
+USERSPACE_QUEUES = ("droptail", "drophead", "codel")
+"""The queue kinds this model (and so the userspace backend) runs."""
 MAX_SOJOURN_SAMPLES = 1 << 21
 """Queueing-delay samples kept per direction per window (16 MiB); later ones are counted."""
 
@@ -91,9 +98,12 @@ class LinkQueue:
         codel: Codel | None = None,
         delays: DelaySteps | None = None,
         drop_head: bool = False,
+        delay_first: bool = False,
     ) -> None:
         self.opportunities = opportunities
         self.drop_head = drop_head
+        self.delay_first = delay_first
+        self._pre_line: deque[tuple[float, int, Any]] = deque()  # delay_first: to the queue
         self.delay_ms = delay_ms
         self.loss_fraction = loss_pct / 100.0
         self.queue_packets = queue_packets
@@ -133,7 +143,24 @@ class LinkQueue:
         self.sojourns_ms = array("d")
 
     def offer(self, item: Any, size: int, t_ms: float) -> bool:
-        """A packet of SIZE bytes arrives at T_MS; False if the drop-tail queue refused it."""
+        """A packet of SIZE bytes arrives at T_MS; False if the queue refused it (with
+        ``delay_first`` it reaches the queue later: True)."""
+        if self.delay_first:
+            self._pre_line.append((self._delayed(t_ms), size, item))
+            return True
+        return self._arrive(item, size, t_ms)
+
+    def _delayed(self, t_ms: float) -> float:
+        """When a packet released (or, delay first, offered) at T_MS has crossed the
+        delay; never before the one before it."""
+        if self.delays is None:
+            return t_ms + self.delay_ms
+        exit_ms = max(t_ms + self.delays.at(t_ms - self.origin_ms), self._last_exit_ms)
+        self._last_exit_ms = exit_ms
+        return exit_ms
+
+    def _arrive(self, item: Any, size: int, t_ms: float) -> bool:
+        """The packet joins the queue at T_MS (module rules); False if refused."""
         log = self.log
         if log is not None:
             log.arrival(t_ms, size)
@@ -183,6 +210,8 @@ class LinkQueue:
     def next_event_ms(self) -> float | None:
         """When something next happens (an opportunity with work, or an exit), or None."""
         nxt: float | None = self._delay_line[0][0] if self._delay_line else None
+        if self._pre_line:
+            nxt = self._pre_line[0][0] if nxt is None else min(nxt, self._pre_line[0][0])
         if self._queue and self.opportunities is not None:
             t = self._time(self._next_k)
             nxt = t if nxt is None else min(nxt, t)
@@ -190,6 +219,12 @@ class LinkQueue:
 
     def advance(self, now_ms: float) -> list[tuple[float, Any]]:
         """Use every opportunity up to NOW_MS; return (exit_ms, item) of packets that left."""
+        pre = self._pre_line
+        while pre and pre[0][0] <= now_ms:  # delay first: into the queue at their time
+            due, size, item = pre.popleft()
+            if self.opportunities is not None:
+                self._drain(due)
+            self._arrive(item, size, due)
         if self.opportunities is not None:
             self._drain(now_ms)
         out: list[tuple[float, Any]] = []
@@ -204,7 +239,7 @@ class LinkQueue:
     @property
     def idle(self) -> bool:
         """Nothing queued and nothing in flight (no event can come from this direction)."""
-        return not self._queue and not self._delay_line
+        return not self._queue and not self._delay_line and not self._pre_line
 
     @property
     def queued_packets(self) -> int:
@@ -315,12 +350,7 @@ class LinkQueue:
             if self.log is not None:
                 self.log.lost(t_ms, size)
             return
-        if self.delays is None:
-            self._delay_line.append((t_ms + self.delay_ms, size, item))
-            return
-        exit_ms = max(t_ms + self.delays.at(t_ms - self.origin_ms), self._last_exit_ms)
-        self._last_exit_ms = exit_ms
-        self._delay_line.append((exit_ms, size, item))
+        self._delay_line.append((t_ms if self.delay_first else self._delayed(t_ms), size, item))
 
 
 @dataclass(frozen=True)
@@ -342,6 +372,7 @@ class DirectionSpec:
     codel_interval_ms: float = 100.0
     delay_trace_name: str | None = None
     delay_steps: tuple[tuple[float, float], ...] | None = field(default=None, repr=False)
+    delay_first: bool = False  # the delay before the queue (order)
 
     def opportunities(self) -> Opportunities | None:
         if self.stamps_ms is not None and self.period_ms is not None:
@@ -370,6 +401,7 @@ class DirectionSpec:
             codel=codel,
             delays=delays,
             drop_head=self.queue_kind == "drophead",
+            delay_first=self.delay_first,
         )
 
 
@@ -382,33 +414,38 @@ def direction_spec(link: Any, direction: str, *, offset_ms: float = 0.0) -> Dire
         raise ValueError(f"direction: 'up' or 'down', got {direction!r}")
     from testbed.links.traces import load_delay_trace, load_trace_ref
 
-    trace_name = link.up_trace if direction == "up" else link.down_trace
+    side = link.side(direction)
+    if side.queue.kind not in USERSPACE_QUEUES:
+        raise ValueError(f"queue kind {side.queue.kind!r}: the link model has "
+                         f"{', '.join(USERSPACE_QUEUES)} (userspace_support refuses others)")
     stamps: tuple[int, ...] | None = None
     period: int | None = None
-    if trace_name is not None:
-        trace = load_trace_ref(trace_name, "up" if direction == "up" else "down")
+    if side.trace is not None:
+        trace = load_trace_ref(side.trace, "up" if direction == "up" else "down")
         stamps = tuple(int(s) for s in trace.stamps_ms.tolist())
         period = int(trace.period_ms)
     steps = None
-    if link.delay_trace is not None:
-        steps = load_delay_trace(link.delay_trace).steps
-    g = link.gilbert
+    if side.delay_trace is not None:
+        steps = load_delay_trace(side.delay_trace).steps
+    g = side.gilbert
+    queue = side.queue
     return DirectionSpec(
-        delay_ms=float(link.delay_ms),
-        loss_pct=float(link.loss_pct),
-        queue_packets=link.queue_packets,
-        queue_bytes=link.queue_bytes,
-        rate_kbit=None if trace_name is not None else link.rate_of(direction),
-        trace_name=trace_name,
+        delay_ms=float(side.delay_ms),
+        loss_pct=float(side.loss_pct),
+        queue_packets=queue.packets,
+        queue_bytes=queue.bytes,
+        rate_kbit=side.rate_kbit,
+        trace_name=side.trace,
         stamps_ms=stamps,
         period_ms=period,
-        offset_ms=offset_ms + float(link.trace_offset_s) * 1000.0,
+        offset_ms=offset_ms + float(side.trace_offset_s) * 1000.0,
         gilbert=None if g is None else (g.p, g.r, g.loss_good_pct, g.loss_bad_pct),
-        queue_kind=link.queue_kind,
-        codel_target_ms=float(link.codel_target_ms),
-        codel_interval_ms=float(link.codel_interval_ms),
-        delay_trace_name=link.delay_trace,
+        queue_kind=queue.kind,
+        codel_target_ms=float(queue.target_ms),
+        codel_interval_ms=float(queue.interval_ms),
+        delay_trace_name=side.delay_trace,
         delay_steps=steps,
+        delay_first=side.delay_first,
     )
 
 

@@ -12,9 +12,11 @@ Rules this module obeys:
    name (``testbed.links.traces`` rules).
 3. A ``hosts`` entry is a complete link of its own (the defaults of any link apply), or,
    with ``network = "NAME"``, NAME's common link with the fields given replacing its
-   own; giving any capacity field (traces or rates) replaces all of them, and
-   ``delay_ms`` / ``delay_trace`` replace each other. NAME may be a built-in, a network
-   defined earlier, or the network being defined.
+   own; fields replace in groups: giving any capacity field (traces or rates) replaces
+   all of them, any delay field (``delay_ms``, ``delay_trace``, ``up_delay_ms``,
+   ``down_delay_ms``) all of those, likewise the loss fields (``loss``, ``up_loss``,
+   ``down_loss``) and the queue fields (``queue``, ``up_queue``, ``down_queue``). NAME
+   may be a built-in, a network defined earlier, or the network being defined.
 4. :func:`network_to_data` writes a profile back as a table that parses to the same
    profile (for the manifest and ``--resume``).
 
@@ -23,24 +25,23 @@ The field reference is docs/links.md ("Networks as data").
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from testbed.links import netdef_fields as nf
 from testbed.links.linkspec import (
+    AQM_KINDS,
     CENTRAL_HOST,
-    CODEL_INTERVAL_MS,
-    CODEL_TARGET_MS,
     DEFAULT_CONGESTION_CONTROL,
-    DEFAULT_QUEUE_PACKETS,
-    MIN_QUEUE_BYTES,
-    QUEUE_KINDS,
-    GilbertLoss,
+    DEFAULT_ORDER,
+    ORDERS,
     LinkSpec,
+    LossSpec,
     NetworkProfile,
     ProfileError,
+    QueueSpec,
     check_congestion_control,
 )
 from testbed.links.traces import (
@@ -52,60 +53,25 @@ from testbed.links.traces import (
 )
 
 CAPACITY_FIELDS = ("up_trace", "down_trace", "rate_kbit", "up_rate_kbit", "down_rate_kbit")
-DELAY_FIELDS = ("delay_ms", "delay_trace")
-LINK_FIELDS = (*CAPACITY_FIELDS, *DELAY_FIELDS, "loss", "queue", "trace_offset_s",
-               "trace_wrap")
+DELAY_FIELDS = ("delay_ms", "delay_trace", "up_delay_ms", "down_delay_ms")
+LOSS_FIELDS = ("loss", "up_loss", "down_loss")
+QUEUE_FIELDS = ("queue", "up_queue", "down_queue")
+LINK_FIELDS = (*CAPACITY_FIELDS, *DELAY_FIELDS, *LOSS_FIELDS, *QUEUE_FIELDS, "order",
+               "trace_offset_s", "trace_wrap")
+#: table field -> the LinkSpec fields it sets (rule 3's groups reset them together)
+_GROUPS: dict[str, tuple[str, ...]] = {
+    "delay": ("delay_ms", "delay_trace", "up_delay_ms", "down_delay_ms"),
+    "loss": ("loss_pct", "gilbert", "up_loss", "down_loss"),
+    "queue": ("queue_kind", "queue_packets", "queue_bytes", "codel_target_ms",
+              "codel_interval_ms", "queue_tupdate_ms", "queue_flows", "up_queue",
+              "down_queue"),
+}
 NETWORK_FIELDS = ("description", "unshaped", "congestion_control", *LINK_FIELDS, "hosts")
 HOST_FIELDS = ("network", *LINK_FIELDS)
-LOSS_MODELS = ("none", "iid", "gilbert")
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 _SELECTOR = re.compile(r"^(?:\d{1,3}|[A-Za-z_][A-Za-z0-9_]{0,31})$")
 
 Known = Callable[[str], NetworkProfile | None]
-
-
-def _fail(where: str, value: Any, allowed: str) -> ProfileError:
-    shown = repr(value) if not isinstance(value, int | float) or isinstance(value, bool) \
-        else f"{value:g}"
-    return ProfileError(f"{where}: {shown} is not allowed; allowed: {allowed}")
-
-
-def _number(table: Mapping[str, Any], key: str, where: str, *, low: float,
-            high: float | None = None, low_open: bool = False, default: float | None = None,
-            ) -> float | None:
-    if key not in table:
-        return default
-    value = table[key]
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    if ok:
-        ok = (value > low if low_open else value >= low) and (high is None or value <= high)
-    if not ok:
-        lo = f"{'>' if low_open else '>='} {low:g}"
-        hi = "" if high is None else f" and <= {high:g}"
-        raise _fail(f"{where}.{key}", value, f"a number {lo}{hi}")
-    return float(value)
-
-
-def _integer(table: Mapping[str, Any], key: str, where: str, *, low: int,
-             what: str) -> int | None:
-    if key not in table:
-        return None
-    value = table[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise _fail(f"{where}.{key}", value, f"an integer >= {low} ({what})")
-    return int(value)
-
-
-def _unknown(table: Mapping[str, Any], allowed: tuple[str, ...], where: str) -> None:
-    for key in table:
-        if key not in allowed:
-            raise ProfileError(f"{where}: unknown field {key!r}; allowed: {', '.join(allowed)}")
-
-
-def _table(value: Any, where: str, example: str) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise ProfileError(f"{where}: expected a table, e.g. {example}")
-    return value
 
 
 def resolve_trace_file(value: Any, where: str, base_dir: Path | None, *,
@@ -113,7 +79,7 @@ def resolve_trace_file(value: Any, where: str, base_dir: Path | None, *,
     """A trace reference as stored in a LinkSpec (rule 2); the file must exist (without
     MUST_EXIST a name that is no file is kept as a shipped name, unchecked)."""
     if not isinstance(value, str) or not value:
-        raise _fail(where, value, "a trace file (relative to the campaign file) or a "
+        raise nf.fail(where, value, "a trace file (relative to the campaign file) or a "
                     "shipped trace name")
     candidates = [Path(value)] if Path(value).is_absolute() else \
         ([base_dir / value] if base_dir is not None else [])
@@ -153,7 +119,7 @@ def _capacity(table: Mapping[str, Any], where: str, base_dir: Path | None,
         raise ProfileError(f"{where}.rate_kbit: give rate_kbit (both directions) or "
                            "up_rate_kbit/down_rate_kbit, not both")
     for key in rates:
-        out[key] = _number(table, key, where, low=0.0, low_open=True)
+        out[key] = nf.number(table, key, where, low=0.0, low_open=True)
     return out
 
 
@@ -162,13 +128,18 @@ def _delay(table: Mapping[str, Any], where: str, base_dir: Path | None,
     if "delay_trace" in table and "delay_ms" in table:
         raise ProfileError(f"{where}.delay_ms: a link with delay_trace takes its delay from "
                            "the trace; give one of delay_ms, delay_trace")
+    out: dict[str, Any] = {}
+    for side in ("up", "down"):
+        own = nf.number(table, f"{side}_delay_ms", where, low=0.0, high=MAX_DELAY_MS)
+        if own is not None:
+            out[f"{side}_delay_ms"] = own
     if "delay_trace" not in table:
-        delay = _number(table, "delay_ms", where, low=0.0, high=MAX_DELAY_MS)
-        return {} if delay is None else {"delay_ms": delay}
+        delay = nf.number(table, "delay_ms", where, low=0.0, high=MAX_DELAY_MS)
+        return out if delay is None else {**out, "delay_ms": delay}
     value = table["delay_trace"]
     key = f"{where}.delay_trace"
     if not isinstance(value, str) or not value:
-        raise _fail(key, value, "a delay trace file (relative to the campaign file)")
+        raise nf.fail(key, value, "a delay trace file (relative to the campaign file)")
     path = Path(value) if Path(value).is_absolute() or base_dir is None else base_dir / value
     if not path.is_file():
         raise ProfileError(f"{key}: {value!r} is not a file (looked for {path})")
@@ -178,65 +149,7 @@ def _delay(table: Mapping[str, Any], where: str, base_dir: Path | None,
             first = load_delay_trace(path).steps[0][1]
         except TraceError as exc:
             raise ProfileError(f"{key}: {exc}") from None
-    return {"delay_trace": str(path.resolve()), "delay_ms": first}
-
-
-def _loss(value: Any, where: str) -> dict[str, Any]:
-    table = _table(value, where, '{ model = "iid", pct = 1.0 }')
-    model = table.get("model")
-    if model not in LOSS_MODELS:
-        raise _fail(f"{where}.model", model, ", ".join(LOSS_MODELS))
-    if model == "none":
-        _unknown(table, ("model",), where)
-        return {"loss_pct": 0.0, "gilbert": None}
-    if model == "iid":
-        _unknown(table, ("model", "pct"), where)
-        if "pct" not in table:
-            raise ProfileError(f"{where}.pct: missing; give the loss in percent (0 <= pct < 100)")
-        pct = table["pct"]
-        if isinstance(pct, bool) or not isinstance(pct, int | float) or not 0 <= pct < 100:
-            raise _fail(f"{where}.pct", pct, "a number >= 0 and < 100 (percent)")
-        return {"loss_pct": float(pct), "gilbert": None}
-    _unknown(table, ("model", "p", "r", "loss_good_pct", "loss_bad_pct"), where)
-    values: dict[str, float] = {}
-    for key in ("p", "r"):
-        if key not in table:
-            raise ProfileError(f"{where}.{key}: missing; a gilbert model needs p (good -> "
-                               "bad) and r (bad -> good), probabilities per packet")
-        got = _number(table, key, where, low=0.0, high=1.0, low_open=True)
-        assert got is not None
-        values[key] = got
-    for key, default in (("loss_good_pct", 0.0), ("loss_bad_pct", 100.0)):
-        got = _number(table, key, where, low=0.0, high=100.0, default=default)
-        assert got is not None
-        values[key] = got
-    return {"loss_pct": 0.0, "gilbert": GilbertLoss(**values)}
-
-
-def _queue(value: Any, where: str) -> dict[str, Any]:
-    table = _table(value, where, '{ kind = "droptail", packets = 100 }')
-    kind = table.get("kind", "droptail")
-    if kind not in QUEUE_KINDS:
-        raise _fail(f"{where}.kind", kind, ", ".join(QUEUE_KINDS))
-    allowed = ("kind", "packets", "bytes") + (("target_ms", "interval_ms")
-                                              if kind == "codel" else ())
-    _unknown(table, allowed, where)
-    packets = _integer(table, "packets", where, low=1, what="packets the queue holds")
-    size = _integer(table, "bytes", where, low=MIN_QUEUE_BYTES,
-                    what="bytes the queue holds; one full packet must fit")
-    out: dict[str, Any] = {"queue_kind": kind,
-                           "queue_packets": DEFAULT_QUEUE_PACKETS if packets is None
-                           else packets, "queue_bytes": size}
-    if kind == "codel":
-        target = _number(table, "target_ms", where, low=0.0, high=10_000.0, low_open=True,
-                         default=CODEL_TARGET_MS)
-        assert target is not None
-        interval = _number(table, "interval_ms", where, low=target, high=100_000.0,
-                           default=CODEL_INTERVAL_MS)
-        out.update(codel_target_ms=target, codel_interval_ms=interval)
-    else:
-        out.update(codel_target_ms=CODEL_TARGET_MS, codel_interval_ms=CODEL_INTERVAL_MS)
-    return out
+    return {**out, "delay_trace": str(path.resolve()), "delay_ms": first}
 
 
 def link_fields(table: Mapping[str, Any], where: str, *, base_dir: Path | None,
@@ -245,15 +158,25 @@ def link_fields(table: Mapping[str, Any], where: str, *, base_dir: Path | None,
     out = {**_capacity(table, where, base_dir, check_files),
            **_delay(table, where, base_dir, check_files)}
     if "loss" in table:
-        out.update(_loss(table["loss"], f"{where}.loss"))
+        out.update(nf.loss(table["loss"], f"{where}.loss"))
     if "queue" in table:
-        out.update(_queue(table["queue"], f"{where}.queue"))
-    offset = _number(table, "trace_offset_s", where, low=0.0, high=1e6)
+        out.update(nf.common_queue(nf.queue(table["queue"], f"{where}.queue")))
+    for side in ("up", "down"):
+        if f"{side}_loss" in table:
+            loss = nf.loss(table[f"{side}_loss"], f"{where}.{side}_loss")
+            out[f"{side}_loss"] = LossSpec(loss["loss_pct"], loss["gilbert"])
+        if f"{side}_queue" in table:
+            out[f"{side}_queue"] = nf.queue(table[f"{side}_queue"], f"{where}.{side}_queue")
+    if "order" in table:
+        if table["order"] not in ORDERS:
+            raise nf.fail(f"{where}.order", table["order"], ", ".join(ORDERS))
+        out["order"] = table["order"]
+    offset = nf.number(table, "trace_offset_s", where, low=0.0, high=1e6)
     if offset is not None:
         out["trace_offset_s"] = offset
     if "trace_wrap" in table:
         if not isinstance(table["trace_wrap"], bool):
-            raise _fail(f"{where}.trace_wrap", table["trace_wrap"], "true or false")
+            raise nf.fail(f"{where}.trace_wrap", table["trace_wrap"], "true or false")
         out["trace_wrap"] = table["trace_wrap"]
     return out
 
@@ -263,26 +186,31 @@ def _build(fields: dict[str, Any], where: str, base: LinkSpec | None = None) -> 
         link = LinkSpec(**fields) if base is None else base.with_overrides(**fields)
     except ProfileError as exc:
         raise ProfileError(f"{where}.{exc}") from None
-    if link.queue_kind == "codel" and not (link.trace_driven or link.shaped_rate):
-        raise ProfileError(f"{where}.queue.kind: codel needs a bottleneck (traces or a rate); "
-                           "an unlimited link never queues")
+    for side in link.sides:
+        if side.queue.kind in AQM_KINDS and not side.shaped:
+            field = "queue" if side.queue == link.queue else f"{side.direction}_queue"
+            raise ProfileError(f"{where}.{field}.kind: {side.queue.kind} needs a bottleneck "
+                               f"(traces or a rate) on the {side.direction}link; an "
+                               "unlimited direction never queues")
     return link
 
 
 def _inherit(given: dict[str, Any]) -> dict[str, Any]:
     """GIVEN, plus the inherited fields it replaces as a group (rule 3)."""
+    defaults = {name: f.default for name, f in LinkSpec.__dataclass_fields__.items()}
     reset: dict[str, Any] = {}
     if any(k in given for k in CAPACITY_FIELDS):
         reset.update(dict.fromkeys(CAPACITY_FIELDS, None))
-    if "delay_ms" in given and "delay_trace" not in given:
-        reset["delay_trace"] = None
+    for fields in _GROUPS.values():
+        if any(k in given for k in fields):
+            reset.update({k: defaults[k] for k in fields})
     return {**reset, **given}
 
 
 def _host(name: str, selector: str, value: Any, where: str, common: LinkSpec, *,
           base_dir: Path | None, known: Known, check_files: bool) -> LinkSpec:
-    table = _table(value, where, '{ rate_kbit = 100000, delay_ms = 1 }')
-    _unknown(table, HOST_FIELDS, where)
+    table = nf.as_table(value, where, '{ rate_kbit = 100000, delay_ms = 1 }')
+    nf.unknown(table, HOST_FIELDS, where)
     given = link_fields(table, where, base_dir=base_dir, check_files=check_files)
     if "network" not in table:
         return _build(given, where)
@@ -292,7 +220,7 @@ def _host(name: str, selector: str, value: Any, where: str, common: LinkSpec, *,
     else:
         profile = known(other) if isinstance(other, str) else None
         if profile is None:
-            raise _fail(f"{where}.network", other, "a built-in network, one defined before "
+            raise nf.fail(f"{where}.network", other, "a built-in network, one defined before "
                         f"this one, or {name!r} itself")
         base = profile.link
         if base is None:
@@ -309,16 +237,16 @@ def parse_network(name: str, value: Any, *, where: str = "networks",
     if not isinstance(name, str) or not _NAME.match(name):
         raise ProfileError(f"{here}: the name is not allowed; allowed: 1-32 of a-z, 0-9, _ "
                            "starting with a letter")
-    table = _table(value, here, "delay_ms = 20")
-    _unknown(table, NETWORK_FIELDS, here)
+    table = nf.as_table(value, here, "delay_ms = 20")
+    nf.unknown(table, NETWORK_FIELDS, here)
     description = table.get("description", "")
     if not isinstance(description, str):
-        raise _fail(f"{here}.description", description, "a string")
+        raise nf.fail(f"{here}.description", description, "a string")
     cc = check_congestion_control(table.get("congestion_control", DEFAULT_CONGESTION_CONTROL),
                                   f"{here}.congestion_control")
     if table.get("unshaped", False) is not False:
         if table["unshaped"] is not True:
-            raise _fail(f"{here}.unshaped", table["unshaped"], "true or false")
+            raise nf.fail(f"{here}.unshaped", table["unshaped"], "true or false")
         extra = [k for k in table if k not in ("description", "unshaped")]
         if extra:
             raise ProfileError(f"{here}.{extra[0]}: an unshaped network (unshaped = true) "
@@ -326,7 +254,7 @@ def parse_network(name: str, value: Any, *, where: str = "networks",
         return NetworkProfile(name=name, link=None, description=description)
     common = _build(link_fields(table, here, base_dir=base_dir, check_files=check_files), here)
     hosts: list[tuple[str, LinkSpec]] = []
-    raw_hosts = _table(table.get("hosts", {}), f"{here}.hosts", "{ central = { ... } }")
+    raw_hosts = nf.as_table(table.get("hosts", {}), f"{here}.hosts", "{ central = { ... } }")
     for selector, host_value in raw_hosts.items():
         key = f"{here}.hosts.{selector}"
         if not _SELECTOR.match(str(selector)):
@@ -351,18 +279,23 @@ def link_to_data(link: LinkSpec) -> dict[str, Any]:
         out["delay_trace"] = link.delay_trace
     else:
         out["delay_ms"] = link.delay_ms
-    if link.gilbert is not None:
-        g = link.gilbert
-        out["loss"] = {"model": "gilbert", "p": g.p, "r": g.r,
-                       "loss_good_pct": g.loss_good_pct, "loss_bad_pct": g.loss_bad_pct}
-    elif link.loss_pct > 0:
-        out["loss"] = {"model": "iid", "pct": link.loss_pct}
-    queue: dict[str, Any] = {"kind": link.queue_kind, "packets": link.queue_packets}
-    if link.queue_bytes is not None:
-        queue["bytes"] = link.queue_bytes
-    if link.queue_kind == "codel":
-        queue.update(target_ms=link.codel_target_ms, interval_ms=link.codel_interval_ms)
-    out["queue"] = queue
+    for side in ("up", "down"):
+        if getattr(link, f"{side}_delay_ms") is not None:
+            out[f"{side}_delay_ms"] = getattr(link, f"{side}_delay_ms")
+    loss = nf.loss_data(link.loss_pct, link.gilbert)
+    if loss is not None:
+        out["loss"] = loss
+    out["queue"] = nf.queue_data(link.queue)
+    for side in ("up", "down"):
+        own_loss: LossSpec | None = getattr(link, f"{side}_loss")
+        if own_loss is not None:
+            out[f"{side}_loss"] = nf.loss_data(own_loss.pct, own_loss.gilbert) or {
+                "model": "none"}
+        own_queue: QueueSpec | None = getattr(link, f"{side}_queue")
+        if own_queue is not None:
+            out[f"{side}_queue"] = nf.queue_data(own_queue)
+    if link.order != DEFAULT_ORDER:
+        out["order"] = link.order
     if link.trace_offset_s:
         out["trace_offset_s"] = link.trace_offset_s
     if link.trace_wrap:

@@ -19,8 +19,10 @@ Rules:
   behind plays the step in force now and skips the ones past, so the replay keeps to
   real time; ``statistics()`` reports how late the changes were and what was skipped.
 - Deviations from mm-link, documented in docs/links.md: the rate is averaged over an
-  interval; the packet meets the delay before the rate limiter (netem is the parent);
-  every rate change refills tbf's bucket (one burst passes).
+  interval; every rate change refills tbf's bucket (one burst passes). The packet meets
+  the delay before the rate limiter (netem is the parent); a direction whose ``order``
+  puts the delay after the link replays its trace that much later, which is the same
+  (``netem_plan`` rules).
 - Everything created carries the run prefix and is recorded in the run's ledger before
   it is created, so `testbed clean` can remove it after a crash. Kernel errors are
   raised as `KernelError` (an OSError keeping the kernel's errno).
@@ -34,10 +36,9 @@ import contextlib
 import errno
 import itertools
 import math
-import os
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
@@ -46,9 +47,9 @@ import trio
 
 from testbed.errors import UserError
 from testbed.host.kernel import KernelError, kernel_call
-from testbed.host.ledger import Ledger, scratch_ledger
-from testbed.links import netem_loss
-from testbed.links.backend import FaultUnsupported, LinkHost, ProbeResult
+from testbed.host.ledger import Ledger
+from testbed.links import netem_loss, netem_qdiscs
+from testbed.links.backend import FaultUnsupported, LinkHost
 from testbed.links.linkspec import LinkSpec, NetworkProfile
 from testbed.links.netem_plan import (
     DEFAULT_INTERVAL_MS,
@@ -60,6 +61,10 @@ from testbed.links.netem_plan import (
     root_counters,
     tbf_params,
 )
+from testbed.links.netem_probes import netem_available as netem_available
+from testbed.links.netem_probes import probe_qdisc as probe_qdisc
+from testbed.links.netem_probes import probes as probes
+from testbed.links.netem_probes import scratch_veth as scratch_veth
 from testbed.links.traces import Trace, load_trace_ref
 
 NAME = "netem"
@@ -73,85 +78,6 @@ _IFNAME_MAX = 15
 def _kernel(operation: str, fn: Callable[[], T]) -> T:
     """Run one pyroute2 call; failures become KernelError with the kernel's errno."""
     return kernel_call(operation, fn)
-
-
-def _errno_text(exc: BaseException) -> str:
-    code = getattr(exc, "errno", None) or getattr(exc, "code", None)
-    if isinstance(code, int) and code > 0:
-        return f"[Errno {code} {errno.errorcode.get(code, '?')}] {os.strerror(code)}"
-    return f"{type(exc).__name__}: {exc}"
-
-
-@contextlib.contextmanager
-def scratch_veth(prefix: str | None = None) -> Iterator[tuple[str, str, Any]]:
-    """A throwaway namespace with a veth pair (up), recorded in a scratch ledger.
-
-    Yields (namespace, name of one veth end, an open pyroute2 IPRoute inside the
-    namespace); everything is removed on exit. Raises KernelError if the kernel refuses.
-    """
-    from pyroute2 import IPRoute
-
-    from testbed.host import kernel
-
-    with scratch_ledger(prefix=prefix) as ledger:
-        tag = ledger.prefix
-        name = f"{tag}ns"
-        ledger.record_netns(name)
-        kernel.create_netns(name)
-        ipr = _kernel(f"open netlink in {name}", lambda: IPRoute(netns=name))
-        try:
-            ledger.record_link(f"{tag}a", name)
-            _kernel(f"add veth {tag}a in {name}",
-                    lambda: ipr.link("add", ifname=f"{tag}a", kind="veth", peer=f"{tag}b"))
-            for end in (f"{tag}a", f"{tag}b"):
-                index = _kernel(f"lookup {end}", partial(ipr.link_lookup, ifname=end))[0]
-                _kernel(f"set {end} up", partial(ipr.link, "set", index=index, state="up"))
-            yield name, f"{tag}a", ipr
-        finally:
-            ipr.close()
-
-
-def probe_qdisc(kind: str, params: dict[str, Any], *, prefix: str | None = None,
-                ) -> tuple[bool, str]:
-    """Try to attach qdisc ``kind`` to a veth in a scratch namespace; (works, why)."""
-    if os.geteuid() != 0:
-        return False, f"not probed: {kind} needs root (run `sudo testbed doctor`)"
-    stage = "scratch namespace"
-    try:
-        with scratch_veth(prefix) as (name, ifname, ipr):
-            index = ipr.link_lookup(ifname=ifname)[0]
-            stage = f"{kind} qdisc"
-            _kernel(f"add {kind} qdisc",
-                    lambda: ipr.tc("add", kind, index, handle="1:0", **params))
-            return True, f"{kind} qdisc attached to a veth in scratch namespace {name}"
-    except (OSError, ValueError) as exc:
-        reason = _errno_text(exc)
-        hint = ""
-        if stage != "scratch namespace" and getattr(exc, "errno", None) == errno.ENOENT:
-            hint = f" (the kernel has no sch_{kind})"
-        return False, f"adding {stage} failed: {reason}{hint}"
-
-
-def netem_available(prefix: str | None = None) -> tuple[bool, str]:
-    """Functional probe: can a netem qdisc be added here? (answer, errno-bearing reason)."""
-    return probe_qdisc("netem", {"delay": 20_000, "loss": 0, "limit": 1000}, prefix=prefix)
-
-
-def probes() -> list[ProbeResult]:
-    """veth pairs, netem and tbf, each tried in a scratch namespace (backend rule 4)."""
-    if os.geteuid() != 0:
-        return [ProbeResult(name, False, "not probed: needs root (run `sudo testbed doctor`)")
-                for name in ("veth", "netem", "tbf")]
-    try:
-        with scratch_veth() as (name, ifname, _ipr):
-            veth = ProbeResult("veth", True, f"veth pair {ifname} up in scratch namespace "
-                               f"{name} (removed)")
-    except OSError as exc:
-        veth = ProbeResult("veth", False, f"scratch namespace with a veth pair failed: "
-                           f"{_errno_text(exc)}")
-    ok, detail = netem_available()
-    tbf_ok, tbf_detail = probe_qdisc("tbf", tbf_params(1000.0, limit_bytes=150_000))
-    return [veth, ProbeResult("netem", ok, detail), ProbeResult("tbf", tbf_ok, tbf_detail)]
 
 
 # ----------------------------------------------------------------- the backend
@@ -437,7 +363,9 @@ class NetemBackend:
             chunk_start = chunk * chunk_ms
             per_direction = [
                 None if t is None else compile_schedule(
-                    t, offset_ms=self.trace_offset_ms + d.plan.offset_ms, start_ms=chunk_start,
+                    t, offset_ms=(self.trace_offset_ms + d.plan.offset_ms  # order: plan rules
+                                  - d.plan.schedule_shift_ms) % t.period_ms,
+                    start_ms=chunk_start,
                     interval_ms=self.interval_ms, duration_ms=chunk_ms)
                 for t, d in zip(traces, self._directions, strict=True)
             ]
@@ -470,6 +398,7 @@ async def open_netem_links(
     common interface: the kernel's loss draws are its own, and there is no emulator.)
     """
     netem_loss.install()  # gemodel loss over netlink (pyroute2 lacks TCA_NETEM_LOSS)
+    netem_qdiscs.install()  # pie and pfifo_head_drop leaves
     backend = NetemBackend(profile, prefix=prefix, ledger=ledger,
                            trace_offset_ms=trace_offset_s * 1000.0, interval_ms=interval_ms)
     try:

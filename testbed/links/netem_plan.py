@@ -6,15 +6,23 @@ Nothing here touches the kernel (``testbed.links.netem`` applies these plans).
   into one rate per fixed interval (:func:`compile_schedule`). Intervals with no
   opportunity are explicit zero steps; tbf cannot take a zero rate, so they are applied
   as :data:`ZERO_RATE_FLOOR_KBIT`, slow enough that nothing but the bucket's burst leaves.
-- Each direction is planned as netem (one-way ``delay_ms``, ``loss_pct`` or a
+- Each direction is planned from its own side of the link (``LinkSpec.side``: its
+  delay, loss and queue) as netem (one-way ``delay_ms``, ``loss_pct`` or a
   Gilbert-Elliott ``gemodel``) with a tbf child for rate-limited links; the drop-tail
   bound is tbf's byte limit, counted in Ethernet frames (IP packet + 14 bytes, what the
   qdisc sees on a veth): ``queue_packets`` full frames, and at most ``queue_bytes`` of
-  IP bytes scaled to frames (:func:`limit_frame_bytes`). With CoDel, a ``codel`` qdisc
-  under tbf holds the queue (its limit in packets, its target and interval).
+  IP bytes scaled to frames (:func:`limit_frame_bytes`). Other queues are a qdisc
+  under tbf that holds the queue, bounded in packets: ``pfifo_head_drop``
+  (drop-head), ``codel``, ``pie``, ``fq_codel`` (:meth:`DirectionPlan.leaf_params`).
+- netem delays before tbf shapes, so the kernel is ``delay_then_link`` by
+  construction. A direction whose order is ``link_then_delay`` replays its trace
+  ``delay_ms`` later (:attr:`DirectionPlan.schedule_shift_ms`): with a fixed delay,
+  queueing at a trace then waiting d is exactly waiting d then queueing at the trace
+  shifted by d (same departures, same drops).
 - Every host is planned from its own link (``NetworkProfile.link_of``).
 - :func:`unsupported` says which field of a network netem cannot express (a delay
-  trace, a byte bound on a CoDel queue); the backend refuses such a network.
+  trace, a byte bound on a queue other than drop-tail); the backend refuses such a
+  network.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from testbed.links.linkspec import LinkSpec, NetworkProfile
+from testbed.links.linkspec import LinkSpec, NetworkProfile, QueueSpec
 from testbed.links.traces import MTU_BYTES, Trace, kbit_per_opportunity_ms
 
 DEFAULT_INTERVAL_MS = 10.0
@@ -262,6 +270,14 @@ class DirectionPlan:
     gilbert: tuple[float, float, float, float] | None = None  # p, r, good %, bad %
     codel: tuple[int, float, float] | None = None  # limit packets, target ms, interval ms
     offset_ms: float = 0.0  # the link's own trace offset, added to the backend's
+    queue: QueueSpec = field(default_factory=QueueSpec)
+    delay_first: bool = True  # the kernel's own order (module rules)
+
+    @property
+    def schedule_shift_ms(self) -> float:
+        """How much later than the episode's trace clock this direction's schedule plays
+        (``link_then_delay``: its delay; module rules)."""
+        return 0.0 if self.delay_first else self.delay_ms
 
     @property
     def shaped(self) -> bool:
@@ -278,12 +294,21 @@ class DirectionPlan:
         return params
 
     def leaf_params(self) -> tuple[str, dict[str, Any]] | None:
-        """The queue qdisc under tbf (None: tbf's own byte-limited fifo)."""
-        if self.codel is None:
+        """The queue qdisc under tbf (None: tbf's own byte-limited fifo); times in us."""
+        q = self.queue
+        if q.kind == "droptail":
             return None
-        limit, target_ms, interval_ms = self.codel
-        return "codel", {"cdl_limit": limit, "cdl_target": round(target_ms * 1000),
-                         "cdl_interval": round(interval_ms * 1000)}  # microseconds
+        if q.kind == "drophead":
+            return "pfifo_head_drop", {"limit": q.packets}
+        if q.kind == "codel":
+            return "codel", {"cdl_limit": q.packets, "cdl_target": round(q.target_ms * 1000),
+                             "cdl_interval": round(q.interval_ms * 1000)}
+        if q.kind == "pie":
+            return "pie", {"limit": q.packets, "target": round(q.target_ms * 1000),
+                           "tupdate": round(q.tupdate_ms * 1000)}
+        return "fq_codel", {"fqc_limit": q.packets, "fqc_target": round(q.target_ms * 1000),
+                            "fqc_interval": round(q.interval_ms * 1000),
+                            "fqc_flows": q.flows}
 
 
 def gemodel_params(p: float, r: float, loss_good_pct: float, loss_bad_pct: float,
@@ -297,18 +322,26 @@ def plan_direction(link: LinkSpec, direction: str) -> DirectionPlan:
     """Describe one direction ('up' or 'down') of an access link."""
     if direction not in ("up", "down"):
         raise ValueError(f"direction: must be 'up' or 'down', got {direction!r}")
-    g = link.gilbert
+    side = link.side(direction)
+    g = side.gilbert
+    q = side.queue
     return DirectionPlan(
-        delay_ms=link.delay_ms,
-        loss_pct=link.loss_pct,
-        limit_bytes=limit_frame_bytes(link.queue_packets, link.queue_bytes),
-        trace=link.trace_of(direction),
-        rate_kbit=link.rate_of(direction),
+        delay_ms=side.delay_ms,
+        loss_pct=side.loss_pct,
+        limit_bytes=limit_frame_bytes(q.packets, q.bytes),
+        trace=side.trace,
+        rate_kbit=side.rate_kbit,
         gilbert=None if g is None else (g.p, g.r, g.loss_good_pct, g.loss_bad_pct),
-        codel=((link.queue_packets, link.codel_target_ms, link.codel_interval_ms)
-               if link.queue_kind == "codel" else None),
-        offset_ms=link.trace_offset_s * 1000.0,
+        codel=(q.packets, q.target_ms, q.interval_ms) if q.kind == "codel" else None,
+        offset_ms=side.trace_offset_s * 1000.0,
+        queue=q,
+        delay_first=side.delay_first,
     )
+
+
+def _queue_field(link: LinkSpec, direction: str) -> str:
+    own = getattr(link, f"{direction}_queue")
+    return f"{direction}_queue" if own is not None else "queue"
 
 
 def unsupported(profile: NetworkProfile) -> str | None:
@@ -317,14 +350,23 @@ def unsupported(profile: NetworkProfile) -> str | None:
         if link is None:
             continue
         where = f"network {profile.name}" + (f", host {selector}" if selector else "")
-        if link.delay_trace is not None:
-            return (f"{where}: delay_trace: the netem backend cannot vary the delay over "
-                    "time; use backend userspace")
-        if link.queue_kind == "codel" and link.queue_bytes is not None:
-            return (f"{where}: queue.bytes: Linux codel bounds packets only; drop the byte "
-                    "bound or use backend userspace")
+        for side in link.sides:
+            if side.delay_trace is not None:
+                return (f"{where}: delay_trace: the netem backend cannot vary the delay "
+                        "over time; use backend userspace")
+            if side.queue.kind != "droptail" and side.queue.bytes is not None:
+                return (f"{where}: {_queue_field(link, side.direction)}.bytes: Linux's "
+                        f"{LEAF_QDISC[side.queue.kind]} bounds packets only; drop the byte "
+                        "bound or use backend userspace")
     return None
 
 
-def uses_codel(profile: NetworkProfile) -> bool:
-    return any(link.queue_kind == "codel" for link in profile.links())
+LEAF_QDISC = {"drophead": "pfifo_head_drop", "codel": "codel", "pie": "pie",
+              "fq_codel": "fq_codel"}
+"""Queue kind -> the kernel qdisc that holds such a queue under tbf."""
+
+
+def qdiscs_needed(profile: NetworkProfile) -> list[str]:
+    """The leaf qdiscs PROFILE needs (each probed before a run: the kernel may lack it)."""
+    kinds = {q.kind for link in profile.links() for q in link.queues()}
+    return [LEAF_QDISC[k] for k in LEAF_QDISC if k in kinds]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from testbed.links.linkspec import CENTRAL_HOST, LinkSpec, NetworkProfile
+from testbed.links.linkspec import CENTRAL_HOST, GilbertLoss, LinkSpec, NetworkProfile, QueueSpec
 from testbed.links.traces import load_delay_trace, load_trace_ref
 
 
@@ -27,10 +27,12 @@ class DirectionInfo:
 class LinkInfo:
     up: DirectionInfo
     down: DirectionInfo
-    delay_min_ms: float
+    delay_min_ms: float  # over both directions
     delay_max_ms: float
     loss: str
     queue: str
+    delay_ms: dict[str, tuple[float, float]]  # per direction (min, max)
+    order: str = "link_then_delay"
 
 
 def direction_info(link: LinkSpec, side: str) -> DirectionInfo:
@@ -45,31 +47,61 @@ def direction_info(link: LinkSpec, side: str) -> DirectionInfo:
     return DirectionInfo(f"{rate:g} kbit/s", rate, None, None)
 
 
-def loss_text(link: LinkSpec) -> str:
-    if link.gilbert is not None:
-        g = link.gilbert
+def _loss_of(pct: float, g: GilbertLoss | None) -> str:
+    if g is not None:
         return (f"gilbert p={g.p:g} r={g.r:g} good {g.loss_good_pct:g}% bad "
                 f"{g.loss_bad_pct:g}% (mean {g.mean_loss_pct:.3g}%, bad runs of "
                 f"{g.mean_bad_run_packets:.3g} packets)")
-    return f"iid {link.loss_pct:g}%" if link.loss_pct else "none"
+    return f"iid {pct:g}%" if pct else "none"
+
+
+def _per_side(up: str, down: str) -> str:
+    return up if up == down else f"up {up}, down {down}"
+
+
+def loss_text(link: LinkSpec) -> str:
+    up, down = (_loss_of(s.loss_pct, s.gilbert) for s in link.sides)
+    return _per_side(up, down)
+
+
+def _queue_of(q: QueueSpec) -> str:
+    bounds = f"{q.packets} packets" + (f", {q.bytes} bytes" if q.bytes is not None else "")
+    if q.kind in ("codel", "fq_codel"):
+        flows = f", {q.flows} flows" if q.kind == "fq_codel" else ""
+        return (f"{q.kind} target {q.target_ms:g} ms interval {q.interval_ms:g} ms{flows}, "
+                f"{bounds}")
+    if q.kind == "pie":
+        return f"pie target {q.target_ms:g} ms tupdate {q.tupdate_ms:g} ms, {bounds}"
+    return f"{q.kind} {bounds}"
 
 
 def queue_text(link: LinkSpec) -> str:
-    bounds = f"{link.queue_packets} packets" + (
-        f", {link.queue_bytes} bytes" if link.queue_bytes is not None else "")
-    if link.queue_kind == "codel":
-        return (f"codel target {link.codel_target_ms:g} ms interval "
-                f"{link.codel_interval_ms:g} ms, {bounds}")
-    return f"droptail {bounds}"
+    up, down = (_queue_of(s.queue) for s in link.sides)
+    return _per_side(up, down)
+
+
+def delay_range_ms(link: LinkSpec, direction: str) -> tuple[float, float]:
+    """(lowest, highest) one-way delay of one direction (a delay trace's range)."""
+    side = link.side(direction)
+    if side.delay_trace is None:
+        return side.delay_ms, side.delay_ms
+    trace = load_delay_trace(side.delay_trace)
+    return trace.min_ms, trace.max_ms
 
 
 def link_info(link: LinkSpec) -> LinkInfo:
-    low = high = link.delay_ms
-    if link.delay_trace is not None:
-        trace = load_delay_trace(link.delay_trace)
-        low, high = trace.min_ms, trace.max_ms
-    return LinkInfo(direction_info(link, "up"), direction_info(link, "down"), low, high,
-                    loss_text(link), queue_text(link))
+    delays = {d: delay_range_ms(link, d) for d in ("up", "down")}
+    return LinkInfo(direction_info(link, "up"), direction_info(link, "down"),
+                    min(lo for lo, _ in delays.values()), max(hi for _, hi in delays.values()),
+                    loss_text(link), queue_text(link), delays, link.order)
+
+
+def delay_text(info: LinkInfo) -> str:
+    """The delay per crossing, per direction when they differ, and the order if not
+    the default."""
+    up, down = (fmt_range(*info.delay_ms[d]) for d in ("up", "down"))
+    text = _per_side(up, down)
+    return text + ("" if info.order == "link_then_delay" else f" ({info.order})")
 
 
 def team_links(profile: NetworkProfile, agents: int, central: bool,
@@ -92,9 +124,13 @@ def rtt_range_ms(profile: NetworkProfile, agents: int, central: bool = False,
     spans = {name: link_info(link) for name, link in hosts}
     agent_names = [n for n, _ in hosts if n != CENTRAL_HOST]
 
+    def one_way(a: str, b: str, end: int) -> float:
+        """A's uplink and B's downlink: the lowest (END 0) or highest (1) delay."""
+        return spans[a].delay_ms["up"][end] + spans[b].delay_ms["down"][end]
+
     def span(pairs: list[tuple[str, str]]) -> tuple[float, float]:
-        lows = [2 * (spans[a].delay_min_ms + spans[b].delay_min_ms) for a, b in pairs]
-        highs = [2 * (spans[a].delay_max_ms + spans[b].delay_max_ms) for a, b in pairs]
+        lows = [one_way(a, b, 0) + one_way(b, a, 0) for a, b in pairs]
+        highs = [one_way(a, b, 1) + one_way(b, a, 1) for a, b in pairs]
         return (min(lows), max(highs)) if pairs else (0.0, 0.0)
 
     out = {"agents": span([(a, b) for i, a in enumerate(agent_names)

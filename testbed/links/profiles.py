@@ -183,8 +183,12 @@ def get_profile(
             f"rate_kbit is allowed only with: {', '.join(untraced)}"
         )
     _check_traces(base)
-    if "delay_ms" in given:
-        given["delay_trace"] = None  # a delay override replaces a delay trace
+    if "delay_ms" in given:  # a delay override replaces a delay trace and per-direction
+        given.update(delay_trace=None, up_delay_ms=None, down_delay_ms=None)  # delays
+    if "loss_pct" in given:
+        given.update(gilbert=None, up_loss=None, down_loss=None)
+    if "queue_packets" in given or "queue_bytes" in given:
+        given.update(up_queue=None, down_queue=None)
     link = base.link.with_overrides(**given) if given else base.link
     hosts = tuple((sel, lk.with_overrides(**given) if given else lk) for sel, lk in base.hosts)
     return replace(base, link=link, hosts=hosts, congestion_control=cc)

@@ -132,9 +132,12 @@ def _link_summary(link: LinkSpec | None) -> dict[str, Any]:
     manifest's ``networks``)."""
     if link is None:
         return {}
+    up, down = link.sides
     return {"up_trace": link.up_trace, "down_trace": link.down_trace,
             "up_rate_kbit": link.rate_of("up"), "down_rate_kbit": link.rate_of("down"),
-            "delay_ms": link.delay_ms, "delay_trace": link.delay_trace}
+            "delay_ms": link.delay_ms, "delay_trace": link.delay_trace,
+            "up_delay_ms": up.delay_ms, "down_delay_ms": down.delay_ms, "order": link.order,
+            "up_queue": up.queue.kind, "down_queue": down.queue.kind}
 
 
 def _check_root(backend: str) -> None:

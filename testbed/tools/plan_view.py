@@ -25,6 +25,7 @@ from testbed.campaign.model import Campaign, Cell
 from testbed.links.linkspec import CENTRAL_HOST, NetworkProfile
 from testbed.links.netem_plan import unsupported
 from testbed.links.netinfo import (
+    delay_text,
     fmt_mbit,
     fmt_range,
     link_info,
@@ -50,7 +51,8 @@ def _episode_s(profile: NetworkProfile, cell: Cell) -> float:
     names = list(infos)
     for i, a in enumerate(names):
         for b in names[i + 1:]:
-            rtt = 2 * (infos[a].delay_max_ms + infos[b].delay_max_ms)
+            rtt = sum(infos[x].delay_ms[d][1] for x, d in ((a, "up"), (b, "down"), (b, "up"),
+                                                         (a, "down")))
             for info, side in ((infos[a], "up"), (infos[b], "down"), (infos[b], "up"),
                                (infos[a], "down")):
                 kbit = getattr(info, side).mean_kbit
@@ -120,7 +122,7 @@ def network_lines(name: str, profile: NetworkProfile, *, defined: bool,
             source = "" if d.source in ("unlimited",) or d.source.endswith("kbit/s") else \
                 f" ({d.source})"
             parts.append(f"{side} {fmt_mbit(d.mean_kbit)}{source}{outage}")
-        delay = fmt_range(info.delay_min_ms, info.delay_max_ms)
+        delay = delay_text(info)
         lines.append(f"  {label}: {'; '.join(parts)}; delay {delay} per crossing; loss "
                      f"{info.loss}; queue {info.queue}")
     for agents, central in sorted(teams):

@@ -165,7 +165,7 @@ BAD: list[tuple[dict[str, Any], str]] = [
      "networks.myfi.queue.bytes: 1000 is not allowed; allowed: an integer >= 1500 (bytes the "
      "queue holds; one full packet must fit)"),
     ({"rate_kbit": 100, "queue": {"kind": "red"}},
-     "networks.myfi.queue.kind: 'red' is not allowed; allowed: droptail, codel"),
+     "networks.myfi.queue.kind: 'red' is not allowed; allowed: droptail, drophead, codel, pie, fq_codel"),
     ({"rate_kbit": 100, "queue": {"kind": "codel", "target_ms": 20, "interval_ms": 10}},
      "networks.myfi.queue.interval_ms: 10 is not allowed; allowed: a number >= 20"),
     ({"rate_kbit": 100, "queue": {"kind": "droptail", "target_ms": 5}},

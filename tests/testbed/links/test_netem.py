@@ -200,7 +200,9 @@ def tiny_traces(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> NetworkProfi
     (tmp_path / "t.up").write_text("5\n100\n")
     (tmp_path / "t.down").write_text("1\n")
     monkeypatch.setenv("TESTBED_TRACE_DIR", str(tmp_path))
-    return NetworkProfile("tiny", LinkSpec(up_trace="t.up", down_trace="t.down"))
+    # the kernel's own order (netem delays, then tbf shapes): the schedule plays unshifted
+    return NetworkProfile("tiny", LinkSpec(up_trace="t.up", down_trace="t.down",
+                                           order="delay_then_link"))
 
 
 async def test_schedule_changes_rates_on_time_and_restarts(
@@ -232,6 +234,33 @@ async def test_schedule_changes_rates_on_time_and_restarts(
     restart_times = [round((t - t1) * 1000, 6) for t, _ in backend.applied]
     assert restart_times == [0.0, 10.0]
     assert rounded(backend.applied[0][1]) == [(up, 1200.0), (down, 10_800.0)]
+
+
+async def test_link_then_delay_replays_each_schedule_its_delay_later(
+    tiny_traces: NetworkProfile, autojump_clock: trio.testing.MockClock
+) -> None:
+    """netem delays before it shapes; a link whose order is link_then_delay (the default)
+    plays its trace delay_ms later, per direction (the model checks it is the same)."""
+    assert tiny_traces.link is not None
+    link = tiny_traces.link.with_overrides(order="mahimahi", up_delay_ms=30.0,
+                                           down_delay_ms=20.0)
+    backend = RecordingBackend(NetworkProfile("tiny", link))
+    backend.build([LinkHost("a0", "tbrecns", "198.18.0.1")])
+    async with trio.open_nursery() as nursery:
+        t0 = trio.current_time()
+        nursery.start_soon(partial(backend.run_schedule, chunk_ms=30))
+        await trio.sleep(0.125)
+        nursery.cancel_scope.cancel()
+    up, down = 0, 1
+    ups = [(round((t - t0) * 1000, 6), r) for t, changes in backend.applied
+           for i, r in rounded(changes) if i == up]
+    downs = [(round((t - t0) * 1000, 6), r) for t, changes in backend.applied
+             for i, r in rounded(changes) if i == down]
+    # up (link first, 30 ms): replay time x plays trace time x - 30, i.e. x + 70 mod 100,
+    # so the stamps 100 and 105 (5 of the next period) both fall in [30, 40)
+    assert ups == [(0.0, 0.0), (30.0, 2400.0), (40.0, 0.0)]
+    # down (delay first, as mm-delay outside mm-link): unshifted
+    assert downs[:2] == [(0.0, 10_800.0), (10.0, 12_000.0)]
 
 
 # --- kernel probes ---------------------------------------------------------------------

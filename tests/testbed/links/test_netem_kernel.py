@@ -20,6 +20,7 @@ import trio
 
 from testbed.host import kernel
 from testbed.links.backend import LinkHost
+from testbed.links.linkspec import LossSpec, QueueSpec
 from testbed.links.netem import NetemBackend
 from testbed.links.netem_plan import (
     FRAME_BYTES,
@@ -82,6 +83,11 @@ def _qdiscs(netns: str, ifname: str) -> dict[str, dict[str, Any]]:
                 fields["max_size"] = kernel_tbf_max_size(fields["rate"], fields["buffer"])
             elif kind == "netem":
                 fields = {k: int(opts[k]) for k in ("delay", "limit", "loss")}
+            elif kind == "pfifo_head_drop":
+                fields = {"limit": int(opts["limit"])}
+            elif kind in ("pie", "fq_codel", "codel"):
+                fields = {name: int(value) for name, value in opts["attrs"]
+                          if isinstance(value, int)}
             stats = q.get_attr("TCA_STATS") or {}
             out[kind] = {"handle": q["handle"], "parent": q["parent"], **fields,
                          "drops": int(stats.get("drop", 0))}
@@ -249,6 +255,36 @@ async def test_qdiscs_read_back_with_their_parameters() -> None:
             assert tbf["limit"] == expected["limit"] >= 64 * 1500
             assert tbf["max_size"] == kernel_tbf_burst(expected["rate"], expected["burst"])
             assert tbf["max_size"] >= FRAME_BYTES
+
+
+async def test_per_direction_delay_loss_and_queues_read_back() -> None:
+    """up: 5 ms, 2 % loss, drop-head; down: 30 ms, PIE; another host: fq_codel both ways."""
+    link = LinkSpec(rate_kbit=12_000.0, up_delay_ms=5.0, down_delay_ms=30.0,
+                    up_loss=LossSpec(pct=2.0),
+                    up_queue=QueueSpec("drophead", 80),
+                    down_queue=QueueSpec("pie", 120, target_ms=20.0, tupdate_ms=30.0))
+    fq = LinkSpec(rate_kbit=6_000.0, queue_kind="fq_codel", queue_packets=300,
+                  codel_target_ms=4.0, codel_interval_ms=90.0, queue_flows=64)
+    profile = NetworkProfile("split", link, hosts=(("1", fq),))
+    async with open_topology(profile, ["a", "b"], backend="netem") as topo:
+        got = {(host, side): await trio.to_thread.run_sync(_qdiscs, netns, ifname)
+               for host, side, netns, ifname, _ in _directions(topo)}
+    a_up, a_down = got[("a", "up")], got[("a", "down")]
+    assert set(a_up) == {"netem", "tbf", "pfifo_head_drop"}
+    assert a_up["netem"]["delay"] * 64 == 5_000_000
+    assert a_up["netem"]["loss"] == int((2**32 - 1) * 2.0 / 100)
+    assert a_up["pfifo_head_drop"]["limit"] == 80
+    assert set(a_down) == {"netem", "tbf", "pie"}
+    assert a_down["netem"]["delay"] * 64 == 30_000_000
+    assert a_down["netem"]["loss"] == 0
+    assert a_down["pie"]["TCA_PIE_LIMIT"] == 120
+    assert a_down["pie"]["TCA_PIE_TARGET"] == 20_000  # us
+    for side in ("up", "down"):
+        b = got[("b", side)]
+        assert set(b) == {"netem", "tbf", "fq_codel"}
+        assert b["fq_codel"]["TCA_FQ_CODEL_LIMIT"] == 300
+        assert b["fq_codel"]["TCA_FQ_CODEL_FLOWS"] == 64
+        assert b["fq_codel"]["TCA_FQ_CODEL_TARGET"] == 4_000
 
 
 async def test_trace_rates_in_the_kernel_follow_the_schedule() -> None:

@@ -96,14 +96,14 @@ def test_what_netem_cannot_express_is_named(tmp_path: Path) -> None:
                                     "the delay over time; use backend userspace")
     coded = NetworkProfile("c", LinkSpec(rate_kbit=1000, queue_kind="codel",
                                          queue_bytes=30_000))
-    assert "queue.bytes: Linux codel bounds packets only" in str(unsupported(coded))
+    assert "queue.bytes: Linux's codel bounds packets only" in str(unsupported(coded))
     assert unsupported(mixed()) is None
 
 
 @pytest.fixture
 def both_work(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(backends, "probe_backend", lambda name: (True, f"{name} works"))
-    monkeypatch.setattr(netem_support, "codel_available", lambda: (True, "codel works"))
+    monkeypatch.setattr(netem_support, "qdisc_available", lambda q: (True, f"{q} works"))
 
 
 @pytest.mark.usefixtures("both_work")
@@ -123,8 +123,9 @@ def test_auto_passes_netem_over_for_what_it_cannot_run(tmp_path: Path) -> None:
 
 @pytest.mark.usefixtures("both_work")
 def test_codel_without_sch_codel_is_the_hosts_lack(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(netem_support, "codel_available",
-                        lambda: (False, "adding codel qdisc failed: [Errno 2 ENOENT]"))
-    with pytest.raises(HostError, match=r"queue\.kind codel needs the kernel's sch_codel"):
+    monkeypatch.setattr(netem_support, "qdisc_available",
+                        lambda q: (False, f"adding {q} qdisc failed: [Errno 2 ENOENT]"))
+    with pytest.raises(HostError, match=r"its queue needs the kernel's codel qdisc, which "
+                                        r"this host lacks"):
         backends.resolve_backend(mixed(), "netem")
     assert backends.resolve_backend(mixed(), "auto") == "userspace"

@@ -258,3 +258,43 @@ async def test_link_logs_and_statistics_of_a_live_link(tmp_path: Path) -> None:
     assert stats["up_qdelay_p95_ms"] > 20.0
     assert 0.0 < stats["up_utilisation"] <= 1.0
     assert stats["late_max_ms"] >= stats["late_p50_ms"] - 0.025
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_per_direction_delays_add_up_one_way(backend: str) -> None:
+    """a -> b crosses a's uplink (10 ms) and b's downlink (40 ms): 50 ms one way."""
+    profile = NetworkProfile("split", LinkSpec(up_delay_ms=10.0, down_delay_ms=40.0))
+    async with network(profile, backend) as topo:
+        got = await stream(topo, "a", "b", count=40, interval_s=0.01, port=9407,
+                           warm_up=True)
+    one_way = got.one_way_ms()
+    assert len(one_way) == 40
+    assert min(one_way) >= 50.0 - 0.5, one_way
+    assert statistics.median(one_way) < 50.0 + 15.0, one_way
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("order", ["link_then_delay", "delay_then_link"])
+async def test_the_order_decides_when_a_packet_meets_an_outage(
+        tmp_path: Path, backend: str, order: str) -> None:
+    """a's link carries 12 Mbit/s for the first 500 ms of every second and nothing in the
+    other 500, with 300 ms of delay. Sent 250-450 ms into a period, a packet crosses at
+    once and arrives 300 ms later when the link comes first; with the delay first it
+    reaches the link inside the outage and waits for the period's end (550-750 ms)."""
+    on = "".join(f"{ms}\n" for ms in range(1, 501)) + "1000\n"
+    trace = _trace(tmp_path / "half.up", on)
+    down = _trace(tmp_path / "half.down", on)
+    a_link = LinkSpec(up_trace=trace, down_trace=down, delay_ms=300.0, order=order)
+    profile = NetworkProfile("half", LinkSpec(delay_ms=0.0), hosts=(("a", a_link),))
+    async with network(profile, backend) as topo:
+        origin = await topo.restart_trace()
+        got = await stream(topo, "a", "b", count=150, interval_s=0.01, ip_bytes=FULL,
+                           port=9408, wait_s=5.0)
+    by_phase = [((got.send_times[seq] - origin) * 1000.0 % 1000.0, (t - got.send_times[seq])
+                 * 1000.0) for seq, t in got.arrivals]
+    middle = [ms for phase, ms in by_phase if 250 <= phase <= 450]
+    assert len(middle) >= 10, by_phase
+    if order == "link_then_delay":
+        assert 300.0 - 0.5 <= statistics.median(middle) < 300.0 + 60.0, middle
+    else:
+        assert statistics.median(middle) >= 550.0 - 0.5, middle
