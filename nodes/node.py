@@ -218,7 +218,7 @@ class Node:
         self.policy = make_policy(cfg.policy)
         ctx = PolicyContext(agent_id=cfg.identity.agent_id, roster=cfg.roster, store=store,
                             state=PolicyStateArea(store, type(self.policy).name),
-                            policy=self.policy)
+                            policy=self.policy, now=time.monotonic)
         if self.handlers is None:
             self.handlers = Handlers(agent_id=cfg.identity.agent_id, store=store,
                                      roster=cfg.roster, limits=self.limits,

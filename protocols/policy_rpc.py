@@ -92,6 +92,8 @@ class PolicyContext:
     state: PolicyState
     memory: dict[str, Any] = field(default_factory=dict)
     policy: Any = None  # the node's current policy object
+    #: Monotonic seconds (the node's clock; time is an input here, rule 3).
+    now: Callable[[], float] = field(default=lambda: 0.0)
 
 
 Handler = Callable[[PolicyContext, str, Mapping[str, Any]], Any]

@@ -140,7 +140,8 @@ class MemoryTeam:
         self.stores = {a: MemoryStore(a, self.roster) for a in self.agents}
         self.policies: dict[str, Policy] = {a: make_policy(self.policy) for a in self.agents}
         self.contexts = {a: PolicyContext(agent_id=a, roster=self.roster, store=self.stores[a],
-                                          state=MemoryState(), policy=self.policies[a])
+                                          state=MemoryState(), policy=self.policies[a],
+                                          now=trio.current_time)
                          for a in self.agents}
         self.directory: dict[str, HeadInfo] = {}
         self.replans_made: dict[str, int] = {}
