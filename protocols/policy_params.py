@@ -46,7 +46,10 @@ class Param:
             raise ParamError(f"parameter {self.name}: kind {self.kind!r} not one of "
                              f"{', '.join(KINDS)}")
         object.__setattr__(self, "choices", tuple(self.choices))
-        self.coerce(self.default)  # the default must itself be allowed
+        try:
+            self.coerce(self.default)  # the default must itself be allowed
+        except ParamError as exc:
+            raise ParamError(f"default of {exc}") from None
 
     def allowed(self) -> str:
         if self.choices:
@@ -70,7 +73,8 @@ class Param:
         if ok and self.kind in ("int", "float"):
             ok = (self.lo is None or out >= self.lo) and (self.hi is None or out <= self.hi)
         if not ok:
-            raise ParamError(f"{self.name}: {format_value(value)} is not allowed; allowed: "
+            shown = repr(value) if isinstance(value, str) else format_value(value)
+            raise ParamError(f"{self.name}: {shown} is not allowed; allowed: "
                              f"{self.allowed()}")
         return out
 

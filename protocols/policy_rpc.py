@@ -173,10 +173,13 @@ def serve(rpc: Rpc, ctx: PolicyContext, peer: str, params: Any) -> Any:
     body = rpc.request.check(params, rpc.name)  # RemoteProtocolError: the peer's fault
     try:
         answer = handler_of(rpc, ctx.policy)(ctx, peer, body)
-        if rpc.response is not None:
-            rpc.response.check(to_wire(answer), f"{rpc.name} answer")
     except (RemoteCallError, RemoteProtocolError):
         raise
     except Exception as exc:
         raise PolicyFault(f"{rpc.name}: {type(exc).__name__}: {exc}") from exc
+    if rpc.response is not None:
+        try:
+            rpc.response.check(to_wire(answer), f"{rpc.name} answer")
+        except RemoteProtocolError as exc:
+            raise PolicyFault(f"{rpc.name}: RemoteProtocolError: {exc}") from None
     return to_wire(answer)
