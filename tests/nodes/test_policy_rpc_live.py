@@ -64,7 +64,8 @@ async def test_policy_method_bytes_rounds_state_and_a_failing_handler(team: Team
     # Durable state at the owner: the counter goes on on the same (reused) connection.
     second = await _act(team, "two")
     assert second["outcome"] == "released"
-    assert second["connections"] == 0 and second["handshake_bytes"] == 0
+    assert second["connections"] == 0
+    assert second["handshake_bytes"] == 0
     assert second["bytes"] == (
         frame(pack_body({"i": 3, "m": COUNT.name, "p": {"add": 3, "fail": True}}))
         + frame(error_body(3, "policy_fault", FAULT_MESSAGE))

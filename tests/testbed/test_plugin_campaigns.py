@@ -52,7 +52,8 @@ def _check_run(out: Path) -> pd.DataFrame:
     digests = episodes.groupby("template")["schedule_digest"].nunique()
     assert (digests == 1).all(), digests
     lease = episodes[episodes["policy"].str.startswith("lease")]
-    assert (lease["kib_per_action"] > 0).all() and (lease["rounds_per_action"] > 0).all()
+    assert (lease["kib_per_action"] > 0).all()
+    assert (lease["rounds_per_action"] > 0).all()
     assert not actions[actions["policy"].str.startswith("lease")]["invalid"].any()
     return episodes
 
@@ -135,7 +136,9 @@ def test_a_malformed_plugin_is_refused_in_one_line_naming_it(kind: str,
         assert result.returncode == 2, result.stderr
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1, result.stderr
-        assert f"plugin '{plugin}'" in lines[0] and message in lines[0], lines[0]
+        assert f"plugin '{plugin}'" in lines[0], lines[0]
+        assert message in lines[0], lines[0]
     assert not (tmp_path / "o").exists()  # refused before anything started
     cli = run_testbed("policies", "list", "--plugin", str(plugin))
-    assert cli.returncode == 2 and message in cli.stderr
+    assert cli.returncode == 2
+    assert message in cli.stderr
