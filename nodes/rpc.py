@@ -325,11 +325,12 @@ async def call_dir_heads(client: RpcCaller, roster: Roster,
 async def call_policy(client: RpcCaller, peer: str, rpc: Rpc, body: Mapping[str, Any]) -> Any:
     """One request of a policy-defined method; the answer checked against its schema
     (a bad answer is the peer's fault: :class:`IntegrityError`)."""
+    params = to_wire(body)
     try:
-        params = rpc.request.check(to_wire(body), rpc.name)
+        rpc.request.check(params, rpc.name)
     except RemoteProtocolError as exc:  # we built it: our own (the policy's) mistake
         raise LocalProtocolError(f"policy body: {exc}") from None
-    result = await client.call(peer, rpc.name, to_wire(params))
+    result = await client.call(peer, rpc.name, params)
     if rpc.response is None:
         return result
     try:

@@ -177,9 +177,10 @@ def serve(rpc: Rpc, ctx: PolicyContext, peer: str, params: Any) -> Any:
         raise
     except Exception as exc:
         raise PolicyFault(f"{rpc.name}: {type(exc).__name__}: {exc}") from exc
+    wire = to_wire(answer)
     if rpc.response is not None:
         try:
-            rpc.response.check(to_wire(answer), f"{rpc.name} answer")
+            rpc.response.check(wire, f"{rpc.name} answer")
         except RemoteProtocolError as exc:
             raise PolicyFault(f"{rpc.name}: RemoteProtocolError: {exc}") from None
-    return to_wire(answer)
+    return wire

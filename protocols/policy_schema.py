@@ -189,7 +189,13 @@ class List(Schema):
     def check(self, value: Any, where: str) -> Any:
         if not isinstance(value, list) or not self.min_len <= len(value) <= self.max_len:
             raise _bad(where, f"expected a list of {self.min_len}..{self.max_len} items")
-        return [self.item.check(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        item = self.item
+        try:  # the path of a bad item is spelled out only when there is one
+            return [item.check(v, where) for v in value]
+        except RemoteProtocolError:
+            for i, v in enumerate(value):
+                item.check(v, f"{where}[{i}]")
+            raise
 
     def max_bytes(self) -> int:
         return _HEADER + self.max_len * self.item.max_bytes()
@@ -273,7 +279,11 @@ class Map(Schema):
                 if isinstance(schema, Optional):
                     continue
                 raise _bad(where, f"missing field {name!r}")
-            out[name] = schema.check(value[name], f"{where}.{name}")
+            try:  # the path of a bad field is spelled out only when there is one
+                out[name] = schema.check(value[name], where)
+            except RemoteProtocolError:
+                schema.check(value[name], f"{where}.{name}")
+                raise
         return out
 
     def max_bytes(self) -> int:
