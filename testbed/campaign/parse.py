@@ -303,7 +303,7 @@ def _grid_value(name: str, value: Any, where: str, networks: Sequence[str]) -> A
 
 def _policy(value: Any, where: str, tables: Mapping[str, Mapping[str, Any]]) -> str:
     if not policy_allowed(value):
-        if isinstance(value, str) and policy_exists(value):
+        if isinstance(value, str) and policy_exists(value) and "=" in value:
             raise CampaignError(f"{where}: {policy_problem(value)}")
         raise CampaignError(f"{where}: {_fmt_value(value)} is not allowed; allowed: "
                             f"{allowed_policies()}")

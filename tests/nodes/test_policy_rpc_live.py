@@ -13,7 +13,11 @@ from nodes.transport import error_body, pack_body
 from protocols.auth import TAG_BYTES
 from protocols.wire import PREFIX_BYTES
 from testbed.run.team import Team, key_owners, open_team
-from tests.nodes.rpc_probe_policy import COUNT, FAULT_MESSAGE
+
+# The plugin is imported by the node processes only: the test process's registry stays
+# as campaigns see it. These are its method's name and its handler's fault message.
+METHOD = "probe_count"
+FAULT_MESSAGE = "probe_count: RuntimeError: asked to fail"
 
 AGENTS = ["a0", "a1", "a2"]
 OWNERS = key_owners(AGENTS, 3)  # a0: k000, a1: k001, a2: k002
@@ -53,9 +57,9 @@ async def test_policy_method_bytes_rounds_state_and_a_failing_handler(team: Team
     assert first["outcome"] == "released", first["block_reason"]
     assert first["connections"] == 1
     assert first["rounds"] == 2
-    frames = (frame(pack_body({"i": 1, "m": COUNT.name, "p": {"add": 3, "fail": True}}))
+    frames = (frame(pack_body({"i": 1, "m": METHOD, "p": {"add": 3, "fail": True}}))
               + frame(error_body(1, "policy_fault", FAULT_MESSAGE))
-              + frame(pack_body({"i": 2, "m": COUNT.name, "p": {"add": 3, "fail": False}}))
+              + frame(pack_body({"i": 2, "m": METHOD, "p": {"add": 3, "fail": False}}))
               + frame(pack_body({"i": 2, "r": {"total": 3, "calls": 2}})))
     assert first["handshake_bytes"] == HANDSHAKE_SENT
     assert first["bytes"] == HANDSHAKE + frames
@@ -67,9 +71,9 @@ async def test_policy_method_bytes_rounds_state_and_a_failing_handler(team: Team
     assert second["connections"] == 0
     assert second["handshake_bytes"] == 0
     assert second["bytes"] == (
-        frame(pack_body({"i": 3, "m": COUNT.name, "p": {"add": 3, "fail": True}}))
+        frame(pack_body({"i": 3, "m": METHOD, "p": {"add": 3, "fail": True}}))
         + frame(error_body(3, "policy_fault", FAULT_MESSAGE))
-        + frame(pack_body({"i": 4, "m": COUNT.name, "p": {"add": 3, "fail": False}}))
+        + frame(pack_body({"i": 4, "m": METHOD, "p": {"add": 3, "fail": False}}))
         + frame(pack_body({"i": 4, "r": {"total": 6, "calls": 4}})))
     counters = await team.counters()
     assert counters["a2"]["rejected"] == 0  # no connection was closed as the peer's fault
@@ -85,7 +89,7 @@ async def test_policy_state_is_reset_with_the_episode(team: Team, tmp_path: Path
     assert again["outcome"] == "released"
     # total 3 and calls 2 again: the durable area and the memory area started empty
     assert again["bytes"] - HANDSHAKE == (
-        frame(pack_body({"i": 1, "m": COUNT.name, "p": {"add": 3, "fail": True}}))
+        frame(pack_body({"i": 1, "m": METHOD, "p": {"add": 3, "fail": True}}))
         + frame(error_body(1, "policy_fault", FAULT_MESSAGE))
-        + frame(pack_body({"i": 2, "m": COUNT.name, "p": {"add": 3, "fail": False}}))
+        + frame(pack_body({"i": 2, "m": METHOD, "p": {"add": 3, "fail": False}}))
         + expected)

@@ -190,8 +190,19 @@ def test_registry_refuses_collisions() -> None:
 
 # --- on the in-memory team ------------------------------------------------------------------
 async def test_a_policy_method_runs_its_handler_with_state_at_the_peer() -> None:
+    import importlib
+
     import tests.nodes.rpc_probe_policy as probe
 
+    if "test_rpc_probe" not in __import__("protocols.policies").policies.policy_names():
+        importlib.reload(probe)
+    try:
+        await _probe_on_memory_team(probe)
+    finally:  # campaigns in this process see the built-in registry again
+        unregister("test_rpc_probe")
+
+
+async def _probe_on_memory_team(probe: Any) -> None:
     team = MemoryTeam(n_agents=3, n_keys=3, policy="test_rpc_probe/step=5")
     await team.seed_all()
     request = await team.plan("a0", "a1", "act1", ["k002"])
