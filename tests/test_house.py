@@ -9,7 +9,9 @@
    defined in another module of the project.
 5. Every product module stays under 500 lines.
 6. docs/architecture.md's module map names every product module.
-7. No test spells out a registry: no literal in tests/ (a list, tuple or set of strings,
+7. ``protocols/`` does no I/O: it imports no module that reaches files, sockets,
+   processes, clocks or the import system, and calls no ``open``.
+8. No test spells out a registry: no literal in tests/ (a list, tuple or set of strings,
    a dict's keys, or one string) names every registered policy or every built-in
    network. Tests take such lists from the registries (``tests/names.py``), so the
    recipes "add a policy" and "add a network profile" of docs/architecture.md pass
@@ -42,7 +44,9 @@ STAGES: dict[str, set[str]] = {
     "report": {"errors", "links", "campaign", "results"},
     "run": {"errors", "host", "links", "net", "campaign", "results"},
     "tools": {"errors", "host", "links", "net", "campaign", "results", "run", "report"},
-    "cli": {"errors", "host", "links", "net", "campaign", "results", "run", "report", "tools"},
+    "api": {"errors", "host", "links", "net", "campaign", "results", "run", "report", "tools"},
+    "cli": {"errors", "host", "links", "net", "campaign", "results", "run", "report", "tools",
+            "api"},
     "__main__": {"cli"},
 }
 #: top-level package -> the project packages it may import.
@@ -278,3 +282,24 @@ def test_the_registry_check_finds_a_spelled_out_list(tmp_path: Path) -> None:
                      'TABLE = {"loopback": 1, "att": 2}\n')
     assert spelled_out_registries(probe, registries) == [
         "probe.py:1: every network", "probe.py:3: every network", "probe.py:5: every network"]
+
+
+#: Standard modules through which code reaches the world outside the process's objects.
+IO_MODULES = {"os", "io", "socket", "sqlite3", "subprocess", "pathlib", "shutil", "tempfile",
+              "time", "select", "selectors", "asyncio", "importlib", "signal", "urllib",
+              "http", "ssl", "mmap", "fcntl", "glob", "logging"}
+
+
+def test_protocols_does_no_io() -> None:
+    bad = []
+    for path in sorted((ROOT / "protocols").rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            bad += [f"{path.relative_to(ROOT)} imports {n}" for n in names
+                    if n.split(".")[0] in IO_MODULES]
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                    and node.func.id == "open":
+                bad.append(f"{path.relative_to(ROOT)} calls open()")
+    assert not bad, "\n".join(bad)

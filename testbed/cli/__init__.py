@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from testbed.cli import bench, campaigns, cluster, examples, info, maintenance
+from testbed.cli import bench, campaigns, cluster, examples, info, maintenance, policies
 from testbed.cli.common import (
     ARGV,
     EXIT_HOST,
@@ -27,7 +27,7 @@ from testbed.cli.common import (
 from testbed.errors import HostError, UserError, one_line
 
 #: Sub-command modules in the order `testbed --help` lists them.
-COMMAND_MODULES = (info, examples, campaigns, cluster, maintenance, bench)
+COMMAND_MODULES = (info, examples, campaigns, policies, cluster, maintenance, bench)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -167,7 +167,7 @@ CASES: list[Case] = [
     Case("networks-campaign-missing", ("networks", "list", "--campaign", "gone.toml"), 2,
          "campaign: 'gone.toml' is not a file"),
     Case("examples-unknown", ("examples", "copy", "nosuch", "ex"), 2,
-         "example: 'nosuch' is not one of mixed-team"),
+         "example: 'nosuch' is not one of lease-policy, mixed-team"),
     Case("examples-into-a-file", ("examples", "copy", "mixed-team", "afile"), 2,
          "DIR: afile is a file", {"afile": "x"}),
     Case("examples-into-a-full-folder", ("examples", "copy", "mixed-team", "full"), 2,
