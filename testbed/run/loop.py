@@ -45,14 +45,6 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
 from testbed.campaign.model import Campaign, CampaignError, episode_key
 from testbed.campaign.networks import changed_files, network_provenance
@@ -79,6 +71,7 @@ from testbed.results.schema import (
 from testbed.results.summary import print_summary
 from testbed.run.contract import EpisodeResult, Runner, RunSummary
 from testbed.run.engines import Engine, LocalEngine
+from testbed.run.progress import open_progress
 from testbed.run.units import EpisodeOutcome, plan_units, unshaped_networks
 
 
@@ -112,7 +105,7 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
     run_dir.open()
     status = "interrupted"
     counts = {"ran": 0, "aborted": 0}
-    progress = _progress(console)
+    progress = open_progress(console)
     try:
         previous = run_dir.read_manifest()
         sessions = previous.get("sessions", [])
@@ -278,13 +271,6 @@ def _check_same_campaign(run_dir: RunDir, campaign: Campaign, *,
         raise CampaignError(f"--extend: cell {lost_cells[0]} of the existing run is missing "
                             "from the grid; an extended campaign keeps every cell")
     return {"templates": len(previous.templates), "cells": len(previous_cells)}
-
-
-def _progress(console: Console) -> Progress:
-    return Progress(TextColumn("[bold]{task.description}"), BarColumn(),
-                    MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("ETA"),
-                    TimeRemainingColumn(), console=console, transient=False,
-                    refresh_per_second=2)
 
 
 def _now() -> str:
