@@ -83,15 +83,17 @@ def _read_into(path: Path, cols: dict[str, list[float]], header: dict[str, str])
 def link_series(events: LogEvents, *, bin_ms: float = 500.0) -> dict[str, Any]:
     """Per-bin throughput and capacity (Mbit/s) and per-packet queueing delay.
 
-    Keys: ``t_s`` (bin starts), ``throughput_mbit``, ``capacity_mbit`` (None for an
-    unlimited link), ``delay_t_s``, ``delay_ms`` (one point per departure).
+    Keys: ``t_s`` (bin starts), ``edges_s`` (every bin's edges: the last bin ends with
+    the log, so it is as wide as what it covers and its rate is over that width),
+    ``throughput_mbit``, ``capacity_mbit`` (None for an unlimited link), ``delay_t_s``,
+    ``delay_ms`` (one point per departure).
     """
-    ends = [a[-1] for a in (events.arrivals_ms, events.departures_ms, events.opportunities_ms)
-            if a.size]
+    ends = [a.max() for a in (events.arrivals_ms, events.departures_ms,
+                              events.opportunities_ms) if a.size]
     span = max(ends) if ends else 0.0
-    n_bins = int(span // bin_ms) + 1  # half-open bins; the last event falls inside
-    edges = np.arange(n_bins + 1, dtype=np.float64) * bin_ms
-    to_mbit = 8.0 / (bin_ms * 1000.0)  # bytes per bin -> Mbit/s
+    starts = np.arange(0.0, span, bin_ms) if span > 0 else np.zeros(1)
+    edges = np.append(starts, span if span > 0 else bin_ms)
+    to_mbit = 8.0 / (np.diff(edges) * 1000.0)  # bytes per bin -> Mbit/s
     throughput, _ = np.histogram(events.departures_ms, bins=edges,
                                  weights=events.departure_bytes)
     capacity = None
@@ -100,6 +102,7 @@ def link_series(events: LogEvents, *, bin_ms: float = 500.0) -> dict[str, Any]:
         capacity = counts * PACKET_BYTES * to_mbit
     return {
         "t_s": edges[:-1] / 1000.0,
+        "edges_s": edges / 1000.0,
         "throughput_mbit": throughput * to_mbit,
         "capacity_mbit": capacity,
         "delay_t_s": events.departures_ms / 1000.0,

@@ -9,7 +9,10 @@ period) or the fixed rate; ``None`` is an unlimited direction.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from testbed.links.linkspec import CENTRAL_HOST, GilbertLoss, LinkSpec, NetworkProfile, QueueSpec
 from testbed.links.traces import load_delay_trace, load_trace_ref
@@ -138,6 +141,31 @@ def rtt_range_ms(profile: NetworkProfile, agents: int, central: bool = False,
     if central and CENTRAL_HOST in spans:
         out["central"] = span([(a, CENTRAL_HOST) for a in agent_names])
     return out
+
+
+PLOT_BINS_MS = (1000, 500, 200, 100, 50)
+OUTAGE_PLOT_MS = 200.0
+"""An outage a plot should show: this long or longer without a delivery opportunity."""
+
+
+def plot_bin_ms(span_ms: float, gaps_ms: Sequence[float] | np.ndarray) -> int:
+    """Bins for a capacity or throughput plot over SPAN_MS: 1 s over long spans (500 ms
+    over 2 min or less, 100 ms over 30 s or less), and never wider than half the
+    shortest outage (a gap of OUTAGE_PLOT_MS or more), so each outage shows as at least
+    one empty bin; at least 50 ms."""
+    base = 1000 if span_ms > 120_000 else 500 if span_ms > 30_000 else 100
+    outages = [g for g in gaps_ms if g >= OUTAGE_PLOT_MS]
+    if not outages:
+        return base
+    limit = min(outages) / 2
+    return min(base, next((b for b in PLOT_BINS_MS if b <= limit), PLOT_BINS_MS[-1]))
+
+
+def trace_gaps_ms(stamps_ms: np.ndarray, period_ms: float) -> np.ndarray:
+    """The stretches between a trace's delivery opportunities over one period."""
+    unrolled = np.append(stamps_ms, period_ms + stamps_ms[0])
+    gaps: np.ndarray = np.diff(unrolled).astype(np.float64)
+    return gaps
 
 
 def fmt_range(low: float, high: float, unit: str = "ms") -> str:

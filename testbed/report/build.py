@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from testbed.errors import UserError
+from testbed.report.delay_figure import delay_figure
 from testbed.report.figures import build_figures
 from testbed.report.link_figures import link_figures, link_health_lines, resolve_episode
 from testbed.report.load import load_run
@@ -61,7 +62,9 @@ def build_report(
     if trial_kind(run) == "episodes":
         written, notes = build_figures(run, run_dir / "figures")
         link_paths, link_notes = link_figures(run, run_dir / "figures", episode=episode)
-        written, notes = written + link_paths, notes + link_notes
+        delay_paths, delay_notes = delay_figure(run, run_dir / "figures")
+        written = written + link_paths + delay_paths
+        notes = notes + link_notes + delay_notes
     else:  # single-action trials: their table is the result
         written, notes = [], [f"{trial_kind(run)} trials: no figures (the table is the result)"]
     figure_paths = [p for p in written if p.suffix in (".png", ".svg")]

@@ -4,10 +4,14 @@
   utilisation and drops, and every episode whose emulator released packets late by
   more than :data:`LATE_LIMIT_MS` at p99 (``emulator_late_p99_ms``): the host disturbed
   that episode's timing, and its stall is suspect.
-- :func:`link_figures`: for one episode (``--episode KEY``) or the first logged one of
-  each network, throughput against capacity and every packet's queueing delay over
-  time, per host and direction, from the episode's Mahimahi-format logs (``[options]
-  link_log = true``), like ``mm-throughput-graph`` and ``mm-delay-graph``.
+- :func:`link_figures`: for one episode (``--episode KEY``) or, per network, the logged
+  episode whose links met the most outage (then delay steps, then the longest),
+  throughput against capacity and every packet's queueing delay over time, per host
+  and direction, from the episode's Mahimahi-format logs (``[options] link_log =
+  true``), like ``mm-throughput-graph`` and ``mm-delay-graph``. Bins are 500 ms, finer
+  (down to 50 ms) when an outage is shorter than a bin; a wired link (capacity far
+  above its traffic) gets a log axis so the traffic stays visible; one legend, below
+  the panels.
 """
 
 from __future__ import annotations
@@ -17,22 +21,34 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from matplotlib.artist import Artist
 from matplotlib.figure import Figure
 
+from testbed.campaign.vocabulary import policy_needs_central
 from testbed.errors import UserError
-from testbed.links.logread import link_series, read_log
+from testbed.links.linkspec import NetworkProfile
+from testbed.links.logread import LogEvents, link_series, read_log
+from testbed.links.netinfo import plot_bin_ms
 from testbed.report import slicing
 from testbed.report.figures import save
 from testbed.report.load import Run
+from testbed.report.recorded_links import recorded_profiles, what_it_met
 
 LATE_LIMIT_MS = 1.0
 MAX_HOST_ROWS = 8
 
 
-def bin_ms_for(times_ms: np.ndarray) -> float:
-    """mm-throughput-graph's 500 ms bins, finer for episodes shorter than 30 s."""
-    span = float(times_ms.max()) if times_ms.size else 0.0
-    return 500.0 if span > 30_000 else 100.0
+WIRED_RATIO = 20.0
+"""Capacity this many times the traffic's peak: a log axis, or the traffic is a flat 0."""
+
+
+def bin_ms_for(events: LogEvents) -> float:
+    """Bins for one log: mm-throughput-graph's 500 ms (100 ms for episodes of 30 s or
+    less), finer where an outage is shorter than two bins (netinfo.plot_bin_ms)."""
+    times = [a.max() for a in (events.departures_ms, events.opportunities_ms) if a.size]
+    opps = events.opportunities_ms
+    gaps = np.diff(np.sort(opps)) if opps.size > 1 else np.zeros(0)
+    return float(plot_bin_ms(max(times) if times else 0.0, gaps))
 
 
 def late_episodes(run: Run) -> pd.DataFrame:
@@ -124,8 +140,24 @@ def _chosen(run: Run, episode: str | None) -> tuple[list[pd.Series], list[str]]:
         return [rows.iloc[0]], []
     if logged.empty:
         return [], []
-    return [logged[logged["network"] == net].sort_values("episode").iloc[0]
+    profiles = recorded_profiles(run.manifest)
+    return [_most_eventful(logged[logged["network"] == net], profiles.get(str(net)))
             for net in slicing.networks(logged)], []
+
+
+def _most_eventful(rows: pd.DataFrame, profile: NetworkProfile | None) -> pd.Series:
+    """The episode whose links met the most outage (then delay steps, then the longest),
+    so the default plot shows what the network does (recorded_links)."""
+    def key(row: pd.Series) -> tuple[tuple[float, int], float, str]:
+        wall = float(row.get("wall_s") or 0.0)
+        met = (0.0, 0) if profile is None else what_it_met(
+            profile, agents=int(row["agents"]), central=policy_needs_central(str(row["policy"])),
+            offset_s=float(row["trace_offset_s"]), seconds=wall).score
+        return met, wall, str(row["episode"])
+
+    ordered = sorted((row for _, row in rows.iterrows()), key=key)
+    best = max(key(r)[:2] for r in ordered)
+    return next(r for r in ordered if key(r)[:2] == best)
 
 
 def _host_logs(folder: Path) -> list[tuple[str, Path | None, Path | None]]:
@@ -143,19 +175,26 @@ def _draw(axes: np.ndarray, row: int, host: str, side: str, path: Path | None) -
         rate_ax.set_title(f"{host} {side}: no log")
         return
     events = read_log(path)
-    series = link_series(events, bin_ms=bin_ms_for(events.departures_ms))
-    edges = np.append(series["t_s"], series["t_s"][-1] + (series["t_s"][1] - series["t_s"][0]
-                                                          if len(series["t_s"]) > 1 else 0.5))
-    if series["capacity_mbit"] is not None:
-        rate_ax.stairs(series["capacity_mbit"], edges, fill=True, alpha=0.3, color="#7f7f7f",
+    bin_ms = bin_ms_for(events)
+    series = link_series(events, bin_ms=bin_ms)
+    edges = series["edges_s"]
+    capacity = series["capacity_mbit"]
+    if capacity is not None:
+        rate_ax.stairs(capacity, edges, fill=True, alpha=0.3, color="#7f7f7f",
                        label="capacity")
-    rate_ax.stairs(series["throughput_mbit"], edges, linewidth=1, color="#1f77b4",
-                   label="throughput")
-    rate_ax.set_title(f"{host} {'uplink' if side == 'up' else 'downlink'}", fontsize=9)
+    throughput = series["throughput_mbit"]
+    rate_ax.stairs(throughput, edges, linewidth=1, color="#1f77b4", label="throughput")
+    peak = float(throughput.max()) if throughput.size else 0.0
+    if capacity is not None and peak > 0 and float(capacity.max()) > WIRED_RATIO * peak:
+        rate_ax.set_yscale("log")  # a wired link: the traffic would sit at 0 on a line
+        rate_ax.set_ylim(bottom=peak / 100)
+    rate_ax.set_title(f"{host} {'uplink' if side == 'up' else 'downlink'} "
+                      f"({bin_ms:g} ms bins)", fontsize=9)
     rate_ax.set_ylabel("Mbit/s", fontsize=8)
-    rate_ax.legend(fontsize=6, loc="upper right")
+    rate_ax.set_xlim(edges[0], edges[-1])
     rate_ax.grid(True, alpha=0.3)
-    delay_ax.scatter(series["delay_t_s"], series["delay_ms"], s=1, color="#d62728")
+    delay_ax.scatter(series["delay_t_s"], series["delay_ms"], s=1, color="#d62728",
+                     label="queueing delay")
     delay_ax.set_ylabel("queueing delay ms", fontsize=8)
     delay_ax.grid(True, alpha=0.3)
 
@@ -180,6 +219,13 @@ def _episode_figure(run: Run, row: pd.Series, directory: Path, stem: str,
         _draw(axes, i, host, "down", down)
     for ax in axes[-1]:
         ax.set_xlabel("time since episode start (s)")
+    handles: dict[str, Artist] = {}
+    for ax in axes.ravel():  # one legend for every panel, outside the data
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, handle)
+    if handles:
+        figure.legend(list(handles.values()), list(handles), loc="outside lower center",
+                      ncol=len(handles), fontsize=8)
     figure.suptitle(f"{row['episode']}: throughput vs capacity and per-packet queueing "
                     "delay", fontsize=10)
     return save(figure, directory, stem), notes

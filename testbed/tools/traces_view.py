@@ -8,6 +8,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from testbed.links.netinfo import plot_bin_ms, trace_gaps_ms
 from testbed.links.traces import (
     Trace,
     TraceError,
@@ -20,7 +21,7 @@ from testbed.links.traces import (
 __all__ = ["PLOT_BIN_MS", "TraceSummary", "summarize", "traces_list", "traces_show"]
 
 PLOT_BIN_MS = 1000
-"""Capacity is averaged over 1 s bins for the plot and the zero-capacity count."""
+"""The zero-capacity count uses 1 s bins (plots choose their own: netinfo.plot_bin_ms)."""
 
 
 @dataclass(frozen=True)
@@ -111,18 +112,20 @@ def traces_show(name: str, plot: Path | None, console: Console, *,
 
 
 def write_plot(trace: Trace, path: Path) -> None:
-    """Capacity over one period as a step plot, with the mean as a dashed line."""
+    """Capacity over one period as stairs (bins finer than the shortest outage; the last
+    bin as wide as what is left of the period), the mean dashed, the legend outside."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
-    series = trace.capacity_series_kbit(PLOT_BIN_MS) / 1000.0
-    t_s = np.arange(series.size) * PLOT_BIN_MS / 1000.0
-    fig, ax = plt.subplots(figsize=(10, 3.5), dpi=100)
+    bin_ms = plot_bin_ms(trace.period_ms, trace_gaps_ms(trace.stamps_ms, trace.period_ms))
+    series = trace.capacity_series_kbit(bin_ms) / 1000.0
+    edges = np.minimum(np.arange(series.size + 1) * bin_ms, trace.period_ms) / 1000.0
+    fig, ax = plt.subplots(figsize=(11, 3.5), dpi=100, layout="constrained")
     try:
-        ax.step(t_s, series, where="post", linewidth=0.9, label="capacity (1 s bins)")
+        ax.stairs(series, edges, linewidth=0.9, label=f"capacity ({bin_ms} ms bins)")
         ax.axhline(trace.mean_rate_kbit() / 1000.0, linestyle="--", linewidth=0.8,
                    color="gray", label="mean")
         ax.set_xlabel("time in trace (s)")
@@ -130,8 +133,7 @@ def write_plot(trace: Trace, path: Path) -> None:
         ax.set_title(f"{trace.name} ({trace.direction}link)")
         ax.set_xlim(0, trace.length_s)
         ax.set_ylim(bottom=0)
-        ax.legend(loc="upper right", fontsize="small")
-        fig.tight_layout()
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path)
     finally:

@@ -177,9 +177,14 @@ def test_link_log_is_mahimahi_format_and_reads_back(tmp_path: Path) -> None:
     assert len(events.opportunities_ms) == 4
     assert len(events.drops_ms) == 1
     series = link_series(events, bin_ms=20.0)
-    # 1500 B per 20 ms bin is 0.6 Mbit/s; bins are half-open, so 40 ms opens a third bin
-    assert list(series["throughput_mbit"]) == pytest.approx([0.6, 0.6, 0.0])
-    assert list(series["capacity_mbit"]) == pytest.approx([0.6, 1.2, 0.6])
+    # 1500 B per 20 ms bin is 0.6 Mbit/s; the last bin ends with the log (at 40 ms) and
+    # holds its last stamp
+    assert list(series["edges_s"]) == pytest.approx([0.0, 0.02, 0.04])
+    assert list(series["throughput_mbit"]) == pytest.approx([0.6, 0.6])
+    assert list(series["capacity_mbit"]) == pytest.approx([0.6, 1.8])
+    short = link_series(events, bin_ms=30.0)  # a last bin of 10 ms: its rate over 10 ms
+    assert list(short["edges_s"]) == pytest.approx([0.0, 0.03, 0.04])
+    assert list(short["capacity_mbit"]) == pytest.approx([0.8, 1.2])
 
 
 def test_an_unlimited_link_logs_arrival_and_departure_only() -> None:

@@ -1,0 +1,83 @@
+"""Plots a user reads first: bins that show outages, last bins drawn to the end,
+legends off the data, wired links readable, the link order's delay visible."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from testbed.campaign.parse import load_campaign
+from testbed.links.linkspec import LinkSpec, NetworkProfile
+from testbed.links.netinfo import plot_bin_ms, trace_gaps_ms
+from testbed.links.profiles import get_profile
+from testbed.links.traces import load_named
+from testbed.tools.networks_view import _series, network_figure
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "docs" / "examples" / "mixed-team" / "campaign.toml"
+
+
+@pytest.mark.parametrize(("span_ms", "gaps", "expected"), [
+    (1_000_000, [], 1000),          # a long trace without outages: 1 s bins
+    (1_000_000, [5000, 78_000], 1000),  # outages of seconds show in 1 s bins
+    (140_000, [724], 200),          # T-Mobile's 0.7 s outage: 200 ms bins
+    (60_000, [450], 200),
+    (20_000, [], 100),              # a short episode: 100 ms
+    (1_000_000, [210], 100),
+    (1_000_000, [120, 90], 1000),   # shorter than an outage worth showing
+])
+def test_bins_are_finer_than_the_shortest_outage(span_ms: float, gaps: list[float],
+                                                  expected: int) -> None:
+    assert plot_bin_ms(span_ms, gaps) == expected
+
+
+def test_tmobile_is_drawn_in_sub_second_bins_to_its_end() -> None:
+    trace = load_named("TMobile-LTE-short.up")
+    assert trace.longest_outage_ms() < 1000
+    edges, mbit, _, bin_ms = _series(get_profile("tmobile").link, "up")  # type: ignore[arg-type]
+    assert bin_ms < 1000
+    assert edges[-1] == pytest.approx(trace.length_s)  # the last bin ends at the period
+    assert len(edges) == len(mbit) + 1
+    gaps = trace_gaps_ms(trace.stamps_ms, trace.period_ms)
+    # the longest outage covers at least one whole bin, so some bin is empty
+    assert gaps.max() >= 2 * bin_ms
+    assert (np.asarray(mbit) == 0).any()
+
+
+def test_a_short_last_bin_keeps_its_real_rate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                             ) -> None:
+    (tmp_path / "t.up").write_text("".join(f"{ms}\n" for ms in range(1, 1501)))  # 1.5 s
+    (tmp_path / "t.down").write_text("1\n")
+    monkeypatch.setenv("TESTBED_TRACE_DIR", str(tmp_path))
+    edges, mbit, _, bin_ms = _series(LinkSpec(up_trace="t.up", down_trace="t.down"), "up")
+    assert bin_ms == 100
+    assert edges[-1] == pytest.approx(1.5)
+    assert np.allclose(mbit, 12.0, rtol=0.011)  # every bin, the last one too, at 12 Mbit/s
+
+
+def test_network_plot_has_legends_off_the_data_and_the_delay_step() -> None:
+    profile = load_campaign(EXAMPLE).network_profile("field")
+    figure = network_figure(profile)
+    figure.canvas.draw()
+    axes = figure.axes
+    assert len(axes) == 2 * (1 + len(profile.hosts))  # capacity and delay per link
+    for ax in axes:
+        legend = ax.get_legend()
+        assert legend is not None
+        box, data = legend.get_window_extent(), ax.get_window_extent()
+        assert box.x0 >= data.x1, "the legend is outside the axes, to the right"
+    # hosts.a2's delay trace: 20 ms, 70 ms from 8 s to 12 s
+    a2_delay = axes[2 * 2 + 1]
+    peaks = [max(patch.get_data()[0]) for patch in a2_delay.patches]
+    assert any(abs(p - 70.0) < 1e-9 for p in peaks), peaks
+
+
+def test_a_wired_host_is_on_its_own_axes() -> None:
+    wired = NetworkProfile("w", LinkSpec(up_trace="ATT-LTE-driving.up",
+                                         down_trace="ATT-LTE-driving.down"),
+                           hosts=(("central", LinkSpec(rate_kbit=100_000, delay_ms=1)),))
+    figure = network_figure(wired)
+    lte, central = figure.axes[0], figure.axes[2]
+    assert lte.get_ylim()[1] < 50
+    assert central.get_ylim()[1] >= 100
