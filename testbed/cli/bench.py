@@ -141,6 +141,19 @@ def _transfer_args(b: argparse.ArgumentParser) -> None:
                    help="transfers per payload size and loss rate (default 20)")
 
 
+def _examples(args: argparse.Namespace, out: Console, json_path: Path | None) -> Any:
+    require_root("bench examples")
+    from testbed.tools.bench_examples import bench_examples
+
+    bench_examples(json_path, out, names=args.names.split(",") if args.names else None)
+    return None  # the table is printed
+
+
+def _examples_args(b: argparse.ArgumentParser) -> None:
+    b.add_argument("--names", metavar="N1,N2",
+                   help="only these examples (default: every one, `testbed examples list`)")
+
+
 BenchRun = Callable[[argparse.Namespace, Console, "Path | None"], Any]
 
 
@@ -162,6 +175,8 @@ BENCHES: tuple[Bench, ...] = (
     Bench("lanes", "AT&T episodes at 1-16 lanes and on a LocalCluster", _lanes, _lanes_args),
     Bench("transfer", "one fresh authenticated transfer against payload and loss on a wired, "
                       "an LTE and a LEO-like network (fig. C.1)", _transfer, _transfer_args),
+    Bench("examples", "each bundled example run as a user runs it, its wall time against "
+                      "`testbed check`'s estimate", _examples, _examples_args),
 )
 
 

@@ -38,7 +38,7 @@ def version() -> str:
 def require_root(what: str) -> None:
     if os.geteuid() != 0:
         raise HostError(f"{what} needs root (network namespaces and TUN devices); "
-                        "run it as root or with sudo")
+                        "run it as root")
 
 
 def check_namespaces(what: str) -> None:

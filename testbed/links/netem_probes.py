@@ -61,7 +61,7 @@ def probe_qdisc(kind: str, params: dict[str, Any], *, prefix: str | None = None,
                 ) -> tuple[bool, str]:
     """Try to attach qdisc ``kind`` to a veth in a scratch namespace; (works, why)."""
     if os.geteuid() != 0:
-        return False, f"not probed: {kind} needs root (run `sudo testbed doctor`)"
+        return False, f"not probed: {kind} needs root (run `testbed doctor` as root)"
     stage = "scratch namespace"
     try:
         with scratch_veth(prefix) as (name, ifname, ipr):
@@ -86,7 +86,7 @@ def netem_available(prefix: str | None = None) -> tuple[bool, str]:
 def probes() -> list[ProbeResult]:
     """veth pairs, netem and tbf, each tried in a scratch namespace (backend rule 4)."""
     if os.geteuid() != 0:
-        return [ProbeResult(name, False, "not probed: needs root (run `sudo testbed doctor`)")
+        return [ProbeResult(name, False, "not probed: needs root (run `testbed doctor` as root)")
                 for name in ("veth", "netem", "tbf")]
     try:
         with scratch_veth() as (name, ifname, _ipr):

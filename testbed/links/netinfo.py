@@ -168,6 +168,38 @@ def trace_gaps_ms(stamps_ms: np.ndarray, period_ms: float) -> np.ndarray:
     return gaps
 
 
+def outages_in_window(link: LinkSpec, direction: str, start_ms: float, end_ms: float,
+                      ) -> list[float]:
+    """The outages (stretches of OUTAGE_PLOT_MS or more without a delivery opportunity,
+    clipped to the window) one direction meets in trace time [START_MS, END_MS), in ms;
+    none without a trace."""
+    ref = link.trace_of(direction)
+    if ref is None or end_ms <= start_ms:
+        return []
+    trace = load_trace_ref(ref, "up" if direction == "up" else "down")
+    times = trace.opportunities(0.0, end_ms - start_ms, start_ms)
+    edges = np.concatenate(([0.0], times, [end_ms - start_ms]))
+    gaps = np.diff(edges)
+    return [float(g) for g in gaps if g >= OUTAGE_PLOT_MS]
+
+
+def team_outage_s(profile: NetworkProfile, agents: int, central: bool, *, offset_s: float,
+                  seconds: float) -> float:
+    """Outage seconds a team meets in SECONDS from trace offset OFFSET_S: the most any
+    one of its distinct link directions has (a trace shared by several hosts is out for
+    all of them at once, so it counts once)."""
+    seen: dict[tuple[str | None, str, float], float] = {}
+    for _, link in team_links(profile, agents, central):
+        start = (offset_s + link.trace_offset_s) * 1000.0
+        for direction in ("up", "down"):
+            key = (link.trace_of(direction), direction, link.trace_offset_s)
+            if key[0] is None or key in seen:
+                continue
+            seen[key] = sum(outages_in_window(link, direction, start,
+                                              start + seconds * 1000.0)) / 1000.0
+    return max(seen.values(), default=0.0)
+
+
 def fmt_range(low: float, high: float, unit: str = "ms") -> str:
     return f"{low:g} {unit}" if abs(high - low) < 1e-9 else f"{low:g}-{high:g} {unit}"
 

@@ -333,7 +333,7 @@ async def open_userspace_links(profile: NetworkProfile, hosts: Sequence[LinkHost
 def probes() -> list[ProbeResult]:
     """Can a TUN device be created inside a fresh namespace here? (backend rule 4)."""
     if os.geteuid() != 0:
-        return [ProbeResult("tun", False, "not probed: needs root (run `sudo testbed doctor`)")]
+        return [ProbeResult("tun", False, "not probed: needs root (run `testbed doctor` as root)")]
     if not os.path.exists(kernel.TUN_PATH):
         return [ProbeResult("tun", False, f"{kernel.TUN_PATH} does not exist (no TUN driver; "
                             "load it with `modprobe tun`)")]

@@ -4,8 +4,8 @@ The manifest's ``networks`` section holds each network's resolved definition (tr
 files as absolute paths or shipped names), so a report can rebuild the profiles
 without the campaign file (``recorded_profiles``). For one episode (its network, team,
 trace offset and wall time) :func:`what_it_met` says what its links did during it:
-the seconds of outage (stretches of at least :data:`OUTAGE_MS` without a delivery
-opportunity, on any direction of any host's link) and the delay steps of delay traces.
+the seconds of outage (stretches of at least ``netinfo.OUTAGE_PLOT_MS`` without a
+delivery opportunity, on any direction of any host's link) and the delay steps of delay traces.
 The link plots pick, per network, the logged episode that met the most, so the default
 figure shows an outage or a delay step when the run has one.
 """
@@ -15,15 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from testbed.errors import UserError
 from testbed.links.linkspec import CENTRAL_HOST, LinkSpec, NetworkProfile
 from testbed.links.netdef import parse_network
-from testbed.links.traces import load_delay_trace, load_trace_ref
-
-OUTAGE_MS = 200.0
-"""A stretch without a delivery opportunity this long counts as an outage."""
+from testbed.links.netinfo import outages_in_window
+from testbed.links.traces import load_delay_trace
 
 
 def recorded_profiles(manifest: dict[str, Any]) -> dict[str, NetworkProfile]:
@@ -60,17 +56,10 @@ class Met:
 
 
 def _outage_s(link: LinkSpec, direction: str, start_ms: float, end_ms: float) -> float:
-    ref = link.trace_of(direction)
-    if ref is None or end_ms <= start_ms:
-        return 0.0
     try:
-        trace = load_trace_ref(ref, "up" if direction == "up" else "down")
+        return sum(outages_in_window(link, direction, start_ms, end_ms)) / 1000.0
     except (UserError, OSError):
         return 0.0
-    times = trace.opportunities(0.0, end_ms - start_ms, start_ms)
-    edges = np.concatenate(([0.0], times, [end_ms - start_ms]))
-    gaps = np.diff(edges)
-    return float(gaps[gaps >= OUTAGE_MS].sum()) / 1000.0
 
 
 def _delay_steps(link: LinkSpec, direction: str, start_ms: float, end_ms: float) -> int:

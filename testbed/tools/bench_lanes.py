@@ -145,7 +145,7 @@ async def bench_lanes(json_path: Path | None, console: Any, *,
     base = local.get(1, {}).get("episodes_per_hour")
     speedup = local[best]["episodes_per_hour"] / base if base and best in local else 0.0
     result["projection"] = _projection(speedup, best)
-    result["command"] = "sudo .venv/bin/testbed bench lanes --json FILE"
+    result["command"] = ".venv/bin/testbed bench lanes --json FILE (as root)"
     if json_path is not None:
         await trio.Path(json_path).write_text(json.dumps(result, indent=2) + "\n")
     console.print(result["projection"])

@@ -279,7 +279,7 @@ async def bench_link(
     with _probe_priority(enabled=backend == "userspace") as realtime_probe:
         result = await _bench(console, backend=backend, count=count, max_case_s=max_case_s)
     result["machine"]["realtime_probe"] = realtime_probe
-    result["command"] = f"sudo .venv/bin/testbed bench link --backend {backend} --json FILE"
+    result["command"] = f".venv/bin/testbed bench link --backend {backend} --json FILE (as root)"
     if json_path is not None:
         await trio.Path(json_path).write_text(json.dumps(result, indent=2) + "\n")
     return result

@@ -89,7 +89,7 @@ def _errno_text(exc: OSError) -> str:
 
 def _need_root(name: str) -> Check | None:
     if os.geteuid() != 0:
-        return Check(name, False, "not probed: needs root (run `sudo testbed doctor`)")
+        return Check(name, False, "not probed: needs root (run `testbed doctor` as root)")
     return None
 
 

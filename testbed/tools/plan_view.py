@@ -6,13 +6,17 @@ and a rough wall-time estimate. It reads the campaign and its trace files only: 
 directory, no namespace, no probe of the kernel (``auto`` is resolved when a run
 starts).
 
-The estimate (not a measurement; docs/campaigns.md): a loopback episode costs 3 ms per
-work unit; an emulated one RTTS_PER_UNIT round trips per unit (4 with a new connection
-per RPC, 2.5 with reused ones; fitted once to the AT&T figures of docs/benchmarks.md),
-where a round trip is the median agent pair's propagation plus two full packets each
-way at the links' mean capacity; plus the episode's traffic (KIB_PER_ACTION by record
-tier, from the reference runs) through the slowest agent uplink; plus setup per
-episode and per topology. Episodes on emulated links divide by ``--jobs``.
+The estimate (not a measurement; docs/campaigns.md), for a host running nothing else:
+a loopback episode costs 3 ms per work unit; an emulated one RTTS_PER_UNIT round trips
+per unit (4 with a new connection per RPC, 2.5 with reused ones; fitted once to the
+AT&T figures of docs/benchmarks.md), where a round trip is the median agent pair's
+propagation plus two full packets each way at the links' mean capacity; plus the
+episode's traffic (KIB_PER_ACTION by record tier, from the reference runs) through the
+slowest agent uplink; plus the outages its links have while it runs (from its trace
+offset, for as long as it lasts: the episode waits them out, and TCP needs about
+OUTAGE_RECOVERY_S more after each); plus setup per episode, per topology (its
+namespaces and emulator, and a node process per host) and per run (start, probes).
+Episodes on emulated links divide by ``--jobs``.
 """
 
 from __future__ import annotations
@@ -31,18 +35,38 @@ from testbed.links.netinfo import (
     link_info,
     rtt_range_ms,
     team_links,
+    team_outage_s,
 )
 
 RTTS_PER_UNIT = {"fresh": 4.0, "reuse": 2.5}
 LOOPBACK_UNIT_S = 0.003
 EPISODE_SETUP_S = 0.3
-TOPOLOGY_SETUP_S = 2.0
+RUN_START_S = 4.0
+"""Start, imports and (as root) the backend probes' scratch namespaces."""
+TOPOLOGY_SETUP_S = 1.0
+HOST_START_S = 0.7
+"""A node process per host: started together, about 1.4 s of CPU each on two cores."""
+OUTAGE_RECOVERY_S = 0.5
 PACKET_BITS = 1500 * 8
 KIB_PER_ACTION = {"compact": 7.0, "artifact": 660.0}
 MAX_CELL_LINES = 40
 
 
 def _episode_s(profile: NetworkProfile, cell: Cell) -> float:
+    """One episode: its link-bound work, then what the outages of the trace window it
+    replays add (twice: the window grows with what they add)."""
+    base = _base_episode_s(profile, cell)
+    if profile.link is None or not any(lk.trace_driven for lk in profile.links()):
+        return base
+    seconds = base
+    for _ in range(2):
+        outage = team_outage_s(profile, cell.agents, cell.needs_central,
+                               offset_s=cell.trace_offset_s, seconds=seconds)
+        seconds = base + outage + (OUTAGE_RECOVERY_S if outage else 0.0)
+    return seconds
+
+
+def _base_episode_s(profile: NetworkProfile, cell: Cell) -> float:
     if profile.link is None:
         return EPISODE_SETUP_S / 6 + cell.units * LOOPBACK_UNIT_S
     hosts = team_links(profile, cell.agents, cell.needs_central)
@@ -78,8 +102,14 @@ def estimate_wall_s(campaign: Campaign, jobs: int = 1) -> float:
             loop_s += seconds
         else:
             emulated_s += seconds
-    topologies = sum(1 for key, _ in campaign.groups() if profiles[key.network].link)
-    return loop_s + (emulated_s + topologies * TOPOLOGY_SETUP_S) / max(1, jobs)
+    setup_s = loop_setup_s = 0.0
+    for key, _ in campaign.groups():
+        hosts = key.agents + int(key.central)
+        if profiles[key.network].link is None:
+            loop_setup_s += hosts * HOST_START_S
+        else:
+            setup_s += TOPOLOGY_SETUP_S + hosts * HOST_START_S
+    return RUN_START_S + loop_s + loop_setup_s + (emulated_s + setup_s) / max(1, jobs)
 
 
 def estimate_warnings(campaign: Campaign, jobs: int = 1) -> list[str]:

@@ -104,7 +104,7 @@ def test_doctor_as_an_unprivileged_user() -> None:
     rows = {name: (ok, detail) for name, ok, detail in found}
     assert rows["root"][0] is False
     for name in ("netns", "veth", "tun", "netem", "tbf"):
-        assert rows[name] == (False, "not probed: needs root (run `sudo testbed doctor`)")
+        assert rows[name] == (False, "not probed: needs root (run `testbed doctor` as root)")
     assert rows["backend auto"][0] is False
 
 

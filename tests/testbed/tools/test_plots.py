@@ -81,3 +81,38 @@ def test_a_wired_host_is_on_its_own_axes() -> None:
     lte, central = figure.axes[0], figure.axes[2]
     assert lte.get_ylim()[1] < 50
     assert central.get_ylim()[1] >= 100
+
+
+# --- the wall-time estimate: capacity, outages, setup ------------------------------------
+
+
+def test_an_episode_that_reaches_an_outage_is_estimated_longer() -> None:
+    from testbed.links.netinfo import team_outage_s
+    from testbed.tools.plan_view import _base_episode_s, _episode_s
+
+    campaign = load_campaign(EXAMPLE)
+    profile = campaign.network_profile("field")
+    # the uplink of field-lte has no capacity from 12 s to 14 s
+    assert team_outage_s(profile, 3, False, offset_s=0.0, seconds=10.0) == 0.0
+    assert team_outage_s(profile, 3, False, offset_s=0.0, seconds=20.0) == pytest.approx(
+        2.0, abs=0.05)
+    assert team_outage_s(profile, 3, False, offset_s=13.0, seconds=20.0) == pytest.approx(
+        1.0, abs=0.05)
+    cell = campaign.cells()[0]
+    base = _base_episode_s(profile, cell)
+    assert base > 12.0, "this cell's episodes reach the outage"
+    assert _episode_s(profile, cell) == pytest.approx(base + 2.0 + 0.5, abs=0.1)
+
+
+def test_the_estimate_counts_a_node_process_per_host_and_the_runs_start() -> None:
+    from testbed.campaign.parse import parse_campaign
+    from testbed.tools.plan_view import HOST_START_S, RUN_START_S, estimate_wall_s
+
+    def campaign(agents: int) -> float:
+        return estimate_wall_s(parse_campaign({
+            "name": "e", "seed": 1, "templates": 1,
+            "grid": {"policy": ["planfence"], "network": ["loopback"], "agents": [agents],
+                     "units": [8]}}))
+
+    assert campaign(8) - campaign(2) == pytest.approx(6 * HOST_START_S)
+    assert campaign(2) > RUN_START_S
