@@ -51,13 +51,20 @@ def _link(args: argparse.Namespace, out: Console, json_path: Path | None) -> Any
     require_namespaces("bench link")
     from testbed.tools.bench_link import bench_link
 
-    result = trio.run(partial(bench_link, json_path, out, backend=args.backend))
+    result = trio.run(partial(bench_link, json_path, out, backend=args.backend,
+                              order=args.order))
     return _unless_written(json_path, result)
 
 
 def _link_args(b: argparse.ArgumentParser) -> None:
+    from testbed.links.linkspec import ORDERS
+
     b.add_argument("--backend", choices=["userspace", "netem"], default="userspace",
                    help="link backend to measure (default userspace)")
+    b.add_argument("--order", choices=ORDERS, default=None,
+                   help="every link's order (default: each network's own, link_then_delay); "
+                        "mahimahi puts the downlink's delay first, as mm-delay outside "
+                        "mm-link")
 
 
 def _episode(args: argparse.Namespace, out: Console, json_path: Path | None) -> Any:

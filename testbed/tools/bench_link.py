@@ -25,13 +25,14 @@ import statistics
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import trio
 
 from testbed.host.kernel import socket_in_netns
+from testbed.links.linkspec import DEFAULT_ORDER
 from testbed.links.model import DirectionSpec, cross_queues, direction_spec
 from testbed.links.profiles import NetworkProfile, get_profile
 from testbed.net.plan import Host
@@ -227,12 +228,26 @@ class BenchProfile:
     profile: NetworkProfile
 
 
-def bench_profiles() -> list[BenchProfile]:
-    return [
+def bench_profiles(order: str | None = None) -> list[BenchProfile]:
+    """The benchmark's networks; ORDER (``linkspec.ORDERS``) sets every link's order,
+    so a matched comparison with Mahimahi (``order = "mahimahi"``) runs either way."""
+    profiles = [
         BenchProfile("fixed20", get_profile("fixed", delay_ms=20.0)),
         BenchProfile("fixed20_12mbit", get_profile("fixed", delay_ms=20.0, rate_kbit=12000.0)),
         *(BenchProfile(name, get_profile(name)) for name in ("att", "att2016", "tmobile", "verizon")),
     ]
+    if order is None:
+        return profiles
+    return [BenchProfile(bp.key, with_order(bp.profile, order)) for bp in profiles]
+
+
+def with_order(profile: NetworkProfile, order: str) -> NetworkProfile:
+    """PROFILE with every link's ``order`` set to ORDER."""
+    if profile.link is None:
+        return profile
+    return replace(profile, link=profile.link.with_overrides(order=order),
+                   hosts=tuple((sel, lk.with_overrides(order=order))
+                               for sel, lk in profile.hosts))
 
 
 def _summary(measured: Sequence[float], predicted: Sequence[float]) -> dict[str, float]:
@@ -272,21 +287,24 @@ def _probe_priority(priority: int = 5, *, enabled: bool = True) -> Iterator[bool
 
 async def bench_link(
     json_path: Path | None, console: Any, *, backend: str = "userspace", count: int = 10,
-    max_case_s: float = 8.0,
+    max_case_s: float = 8.0, order: str | None = None,
 ) -> dict[str, Any]:
-    """Run every case on BACKEND; print a line per case; write JSON to JSON_PATH if
-    given (~2 min)."""
+    """Run every case on BACKEND (every link in ORDER if given); print a line per case;
+    write JSON to JSON_PATH if given (~2 min)."""
     with _probe_priority(enabled=backend == "userspace") as realtime_probe:
-        result = await _bench(console, backend=backend, count=count, max_case_s=max_case_s)
+        result = await _bench(console, backend=backend, count=count, max_case_s=max_case_s,
+                              order=order)
     result["machine"]["realtime_probe"] = realtime_probe
-    result["command"] = f".venv/bin/testbed bench link --backend {backend} --json FILE (as root)"
+    result["order"] = order or DEFAULT_ORDER
+    result["command"] = (f".venv/bin/testbed bench link --backend {backend}"
+                         f"{f' --order {order}' if order else ''} --json FILE (as root)")
     if json_path is not None:
         await trio.Path(json_path).write_text(json.dumps(result, indent=2) + "\n")
     return result
 
 
 async def _bench(console: Any, *, backend: str, count: int, max_case_s: float,
-                 ) -> dict[str, Any]:
+                 order: str | None = None) -> dict[str, Any]:
     started = time.monotonic()
     result: dict[str, Any] = {
         "backend": backend,
@@ -298,7 +316,7 @@ async def _bench(console: Any, *, backend: str, count: int, max_case_s: float,
         },
         "cases": {},
     }
-    for bp in bench_profiles():
+    for bp in bench_profiles(order):
         async with open_topology(bp.profile, ["a", "b"], backend=backend) as topo:
             a, b = topo.hosts["a"], topo.hosts["b"]
             up = direction_spec(bp.profile.link, "up")

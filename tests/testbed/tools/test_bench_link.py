@@ -29,3 +29,19 @@ def test_each_backend_reports_its_own_health() -> None:
     assert link_health("netem", replay) == {
         "emulator_late_p99_ms": None, "emulator_realtime": None, "replay_late_p99_ms": 2.5,
         "replay_late_max_ms": 7.0, "replay_steps_skipped": 3.0}
+
+
+def test_the_matched_comparison_runs_in_either_order() -> None:
+    from testbed.links.model import direction_spec
+    from testbed.tools.bench_link import bench_profiles
+
+    default = {bp.key: bp.profile for bp in bench_profiles()}
+    mahimahi = {bp.key: bp.profile for bp in bench_profiles("mahimahi")}
+    assert set(default) == set(mahimahi)
+    for key, profile in mahimahi.items():
+        link = profile.link
+        assert link is not None
+        assert link.order == "mahimahi"
+        assert default[key].link.order == "link_then_delay"  # type: ignore[union-attr]
+        assert direction_spec(link, "down").delay_first
+        assert not direction_spec(link, "up").delay_first
