@@ -168,19 +168,25 @@ def trace_gaps_ms(stamps_ms: np.ndarray, period_ms: float) -> np.ndarray:
     return gaps
 
 
-def outages_in_window(link: LinkSpec, direction: str, start_ms: float, end_ms: float,
-                      ) -> list[float]:
-    """The outages (stretches of OUTAGE_PLOT_MS or more without a delivery opportunity,
-    clipped to the window) one direction meets in trace time [START_MS, END_MS), in ms;
-    none without a trace."""
+def outage_ms_in_window(link: LinkSpec, direction: str, start_ms: float, end_ms: float,
+                        ) -> float:
+    """How long one direction is out (stretches of OUTAGE_PLOT_MS or more without a
+    delivery opportunity, clipped to the window) in trace time [START_MS, END_MS), in
+    ms; 0 without a trace."""
     ref = link.trace_of(direction)
     if ref is None or end_ms <= start_ms:
-        return []
+        return 0.0
     trace = load_trace_ref(ref, "up" if direction == "up" else "down")
+    period = float(trace.period_ms)
+    periods = int((end_ms - start_ms) // period)
+    if periods > 1:  # a long window repeats one period's outages (never unrolled whole)
+        one = outage_ms_in_window(link, direction, start_ms, start_ms + period)
+        return one * periods + outage_ms_in_window(link, direction,
+                                                   start_ms + periods * period, end_ms)
     times = trace.opportunities(0.0, end_ms - start_ms, start_ms)
     edges = np.concatenate(([0.0], times, [end_ms - start_ms]))
     gaps = np.diff(edges)
-    return [float(g) for g in gaps if g >= OUTAGE_PLOT_MS]
+    return float(gaps[gaps >= OUTAGE_PLOT_MS].sum())
 
 
 def team_outage_s(profile: NetworkProfile, agents: int, central: bool, *, offset_s: float,
@@ -195,8 +201,8 @@ def team_outage_s(profile: NetworkProfile, agents: int, central: bool, *, offset
             key = (link.trace_of(direction), direction, link.trace_offset_s)
             if key[0] is None or key in seen:
                 continue
-            seen[key] = sum(outages_in_window(link, direction, start,
-                                              start + seconds * 1000.0)) / 1000.0
+            seen[key] = outage_ms_in_window(link, direction, start,
+                                            start + seconds * 1000.0) / 1000.0
     return max(seen.values(), default=0.0)
 
 

@@ -18,7 +18,7 @@ from typing import Any
 from testbed.errors import UserError
 from testbed.links.linkspec import CENTRAL_HOST, LinkSpec, NetworkProfile
 from testbed.links.netdef import parse_network
-from testbed.links.netinfo import outages_in_window
+from testbed.links.netinfo import outage_ms_in_window
 from testbed.links.traces import load_delay_trace
 
 
@@ -57,7 +57,7 @@ class Met:
 
 def _outage_s(link: LinkSpec, direction: str, start_ms: float, end_ms: float) -> float:
     try:
-        return sum(outages_in_window(link, direction, start_ms, end_ms)) / 1000.0
+        return outage_ms_in_window(link, direction, start_ms, end_ms) / 1000.0
     except (UserError, OSError):
         return 0.0
 

@@ -116,3 +116,17 @@ def test_the_estimate_counts_a_node_process_per_host_and_the_runs_start() -> Non
 
     assert campaign(8) - campaign(2) == pytest.approx(6 * HOST_START_S)
     assert campaign(2) > RUN_START_S
+
+
+def test_a_window_of_many_periods_is_counted_without_unrolling_it() -> None:
+    from testbed.links.netinfo import outage_ms_in_window
+
+    # ATT's uplink: a 78.3 s outage per 1012.5 s period; 10^5 periods in about a day
+    att = get_profile("att").link
+    assert att is not None
+    period = float(load_named("ATT-LTE-driving.up").period_ms)
+    one = outage_ms_in_window(att, "up", 0.0, period)
+    assert one > 78_000
+    many = outage_ms_in_window(att, "up", 0.0, period * 100_000)
+    assert many == pytest.approx(one * 100_000, rel=1e-6)
+    assert outage_ms_in_window(LinkSpec(rate_kbit=10), "up", 0.0, 1e12) == 0.0
