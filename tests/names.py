@@ -9,7 +9,6 @@ about particular policies or networks parametrise over their own tables' keys.
 from __future__ import annotations
 
 from protocols.policies import describe_policy, policy_names
-from testbed.links.profiles import builtin_names, network_template, profile_names
 
 TEST_PREFIX = "test_"
 """Policies tests register for themselves (node plugins) start with this."""
@@ -36,6 +35,10 @@ def networks(*, shaped: bool | None = None, traced: bool | None = None,
     """Registered networks in registry order; SHAPED / TRACED filter on their common
     link (traced: both directions follow capacity traces); BUILTIN: only the shipped
     presets."""
+    # imported here: node processes import test modules that use this file as plugins,
+    # and the profiles pull in numpy, which would slow every node's start
+    from testbed.links.profiles import builtin_names, network_template, profile_names
+
     out = []
     for name in builtin_names() if builtin else profile_names():
         profile = network_template(name)
