@@ -169,8 +169,8 @@ def trace_gaps_ms(stamps_ms: np.ndarray, period_ms: float) -> np.ndarray:
 
 
 def outage_ms_in_window(link: LinkSpec, direction: str, start_ms: float, end_ms: float,
-                        ) -> float:
-    """How long one direction is out (stretches of OUTAGE_PLOT_MS or more without a
+                        min_gap_ms: float = OUTAGE_PLOT_MS) -> float:
+    """How long one direction is out (stretches of MIN_GAP_MS or more without a
     delivery opportunity, clipped to the window) in trace time [START_MS, END_MS), in
     ms; 0 without a trace."""
     ref = link.trace_of(direction)
@@ -180,20 +180,20 @@ def outage_ms_in_window(link: LinkSpec, direction: str, start_ms: float, end_ms:
     period = float(trace.period_ms)
     periods = int((end_ms - start_ms) // period)
     if periods > 1:  # a long window repeats one period's outages (never unrolled whole)
-        one = outage_ms_in_window(link, direction, start_ms, start_ms + period)
-        return one * periods + outage_ms_in_window(link, direction,
-                                                   start_ms + periods * period, end_ms)
+        one = outage_ms_in_window(link, direction, start_ms, start_ms + period, min_gap_ms)
+        return one * periods + outage_ms_in_window(
+            link, direction, start_ms + periods * period, end_ms, min_gap_ms)
     times = trace.opportunities(0.0, end_ms - start_ms, start_ms)
     edges = np.concatenate(([0.0], times, [end_ms - start_ms]))
     gaps = np.diff(edges)
-    return float(gaps[gaps >= OUTAGE_PLOT_MS].sum())
+    return float(gaps[gaps >= min_gap_ms].sum())
 
 
 def team_outage_s(profile: NetworkProfile, agents: int, central: bool, *, offset_s: float,
-                  seconds: float) -> float:
-    """Outage seconds a team meets in SECONDS from trace offset OFFSET_S: the most any
-    one of its distinct link directions has (a trace shared by several hosts is out for
-    all of them at once, so it counts once)."""
+                  seconds: float, min_gap_ms: float = OUTAGE_PLOT_MS) -> float:
+    """Outage seconds (gaps of MIN_GAP_MS or more) a team meets in SECONDS from trace
+    offset OFFSET_S: the most any one of its distinct link directions has (a trace
+    shared by several hosts is out for all of them at once, so it counts once)."""
     seen: dict[tuple[str | None, str, float], float] = {}
     for _, link in team_links(profile, agents, central):
         start = (offset_s + link.trace_offset_s) * 1000.0
@@ -202,7 +202,7 @@ def team_outage_s(profile: NetworkProfile, agents: int, central: bool, *, offset
             if key[0] is None or key in seen:
                 continue
             seen[key] = outage_ms_in_window(link, direction, start,
-                                            start + seconds * 1000.0) / 1000.0
+                                            start + seconds * 1000.0, min_gap_ms) / 1000.0
     return max(seen.values(), default=0.0)
 
 
