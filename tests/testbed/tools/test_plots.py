@@ -148,3 +148,11 @@ def test_a_window_of_many_periods_is_counted_without_unrolling_it() -> None:
     many = outage_ms_in_window(att, "up", 0.0, period * 100_000)
     assert many == pytest.approx(one * 100_000, rel=1e-6)
     assert outage_ms_in_window(LinkSpec(rate_kbit=10), "up", 0.0, 1e12) == 0.0
+
+
+def test_a_plot_into_a_folder_not_yet_there_makes_it(tmp_path: Path) -> None:
+    from testbed.tools.networks_view import write_network_plot
+
+    target = tmp_path / "new" / "deeper" / "att.svg"
+    write_network_plot(get_profile("att"), target)
+    assert target.read_text().startswith("<?xml")
