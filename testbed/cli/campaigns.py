@@ -65,11 +65,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     async def main(ledger: Ledger) -> None:
         if cluster is None:
+            from testbed.host.lanes import HostLanes
+
             runner = EpisodeRunner(campaign, workdir_root=workdir, backend=args.backend,
                                    ledger=ledger, link_log_dir=out / "links",
                                    shared_emulator=jobs > 1)
-            await run_campaign(campaign, out, resume=args.resume, extend=args.extend,
-                               jobs=jobs, runner=runner, console=out_console)
+            with HostLanes(ledger.prefix, budget=args.host_lanes, campaign=campaign.name,
+                           label=label) as host:
+                await run_campaign(campaign, out, resume=args.resume, extend=args.extend,
+                                   jobs=jobs, runner=runner, console=out_console, host=host)
             return
         from testbed.run.dask_engine import open_dask_engine
 
@@ -127,6 +131,10 @@ def register(sub: Any) -> None:
                    help="run N topologies at once in this process (default: the "
                         "campaign's [execution] jobs, else 1; for emulated links, where "
                         "episodes wait on the link; loopback units always run alone)")
+    p.add_argument("--host-lanes", type=positive_int, default=None, metavar="N",
+                   help="lanes all `testbed run`s on this host may hold at once, as this "
+                        "run counts them (default: $TESTBED_HOST_LANES, else 8 per CPU); "
+                        "a loopback cell holds the whole host (docs/campaigns.md)")
     p.add_argument("--cluster", metavar="SPEC",
                    help="run the work units on a dask cluster: local:N (N worker "
                         "processes here) or tcp://HOST:PORT of a scheduler with `testbed "
