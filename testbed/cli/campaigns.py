@@ -73,7 +73,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             with HostLanes(ledger.prefix, budget=args.host_lanes, campaign=campaign.name,
                            label=label) as host:
                 await run_campaign(campaign, out, resume=args.resume, extend=args.extend,
-                                   jobs=jobs, runner=runner, console=out_console, host=host)
+                                   jobs=jobs, runner=runner, console=out_console, host=host,
+                                   allow_dirty=args.allow_dirty)
             return
         from testbed.run.dask_engine import open_dask_engine
 
@@ -81,7 +82,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                                     allow_mixed_backends=mixed) as engine:
             await engine.survey(campaign)
             await run_campaign(campaign, out, resume=args.resume, extend=args.extend,
-                               engine=engine, console=out_console)
+                               engine=engine, console=out_console,
+                               allow_dirty=args.allow_dirty)
 
     with open_run_ledger(label) as ledger:
         trio.run(main, ledger)
@@ -139,6 +141,9 @@ def register(sub: Any) -> None:
                    help="run the work units on a dask cluster: local:N (N worker "
                         "processes here) or tcp://HOST:PORT of a scheduler with `testbed "
                         "worker`s (default: the campaign's [execution] cluster, else here)")
+    p.add_argument("--allow-dirty", action="store_true",
+                   help="write into the repository's results/ from a checkout with "
+                        "uncommitted changes (refused otherwise; the manifest records it)")
     p.add_argument("--allow-mixed-backends", action="store_true",
                    help="let cluster workers run shaped networks on different link backends")
     p.add_argument("--templates", type=int, metavar="N",

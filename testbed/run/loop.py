@@ -60,6 +60,7 @@ from testbed.results.provenance import (
     lock_file,
     package_versions,
 )
+from testbed.results.reference import check_reference_run
 from testbed.results.rundir import RunDir
 from testbed.results.schema import (
     RUNNER_ACTION_FIELDS,
@@ -78,12 +79,14 @@ from testbed.run.units import EpisodeOutcome, plan_units
 async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
                        console: Console, runner: Runner | None = None,
                        engine: Engine | None = None, extend: bool = False,
-                       jobs: int = 1, host: HostLanes | None = None) -> RunSummary:
+                       jobs: int = 1, host: HostLanes | None = None,
+                       allow_dirty: bool = False) -> RunSummary:
     """Run every not-yet-committed episode of ``campaign`` into ``out_dir``.
 
     ``engine`` runs the work units (default: :class:`LocalEngine` over ``runner`` with
     ``jobs`` lanes, holding lanes of the host's budget ``host`` if given; the progress
-    line then says who holds the host).
+    line then says who holds the host). A run into the repository's results/ needs a
+    committed checkout unless ``allow_dirty`` (``testbed.results.reference``).
     """
     if not (isinstance(jobs, int) and jobs >= 1):
         raise CampaignError(f"jobs: {jobs!r} is not allowed; allowed: an integer >= 1")
@@ -91,6 +94,7 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
         if runner is None:
             raise ValueError("run_campaign: give a runner or an engine")
         engine = LocalEngine(runner, jobs=jobs, host=host)
+    reference = check_reference_run(Path(out_dir), allow_dirty=allow_dirty)
     run_dir = RunDir(out_dir)
     extended_from: dict[str, int] | None = None
     if not run_dir.is_empty():
@@ -114,7 +118,7 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
         run_dir.update_manifest(
             started_at=previous.get("started_at", session["started_at"]),
             campaign=campaign.name, source=campaign.source, config=campaign.config(),
-            versions=package_versions(), lock=lock_file(), git=git_revision(),
+            versions=package_versions(), lock=lock_file(), git={**git_revision(), **reference},
             system={**host_description(), "privilege": privilege()},
             execution=engine.describe(),
             networks={**previous.get("networks", {}), **networks},
