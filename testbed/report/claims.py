@@ -16,7 +16,8 @@ Rules of this module:
    (the paper's figures, configuration values, another document's): the same bracket
    syntax, a ``why`` and no expression. ``checked_sections`` lists README sections
    (their headings) in which every number must be covered by a claim or a given, after
-   the labels that :data:`LABELS` recognises (``rho = 4``, ``30 templates``, ``D.7``).
+   the labels that :data:`LABEL_BEFORE` and :data:`LABEL_AFTER` recognise (``rho = 4``,
+   ``30 templates``, ``D.7``); ``heading#N`` names list item N of a section.
 4. Expressions see the run's frames ``e`` (episodes, with the report's derived counts)
    and ``a`` (actions) and the helpers of :class:`Scope`: filters by column
    (``E(policy="planfence", network="att")``), the report's statistics (cell medians
@@ -50,14 +51,14 @@ from testbed.report.stats import (
     row_median,
 )
 
-NUMBER = re.compile(r"(?<![\w.])[-+]?\d[\d,]*(?:\.\d+)?%?")
+NUMBER = re.compile(r"(?<![\w.])[-+]?\d(?:[\d,]*\d)?(?:\.\d+)?%?")
 BRACKET = re.compile(r"\[([^\[\]]+)\]")
 STRATA = ("trace_offset_s",)
 LABEL_BEFORE = re.compile(
     r"(?:\b(?:rho|delta|lambda|d|K|N|T|p|r)\s*=\s*|\b(?:[Ff]indings?|[Tt]ables?|"
     r"[Ff]igures?|appendix|issue|[Bb]atch(?:es)?)\s+|[A-Z]\.)$")
 LABEL_AFTER = re.compile(
-    r"^(?:\s*(?:templates?|keys|agents|work units|lanes|trials per)\b|\.[A-Za-z0-9])")
+    r"^(?:\s*(?:templates?|schedules|keys|agents|work units|lanes|trials per)\b|\.[A-Za-z0-9])")
 """Numbers that name something rather than measure it (rule 3): ``rho = 4``,
 ``finding 10``, ``D.7``, ``30 templates``; list numbers, dates and inline code too."""
 
@@ -146,6 +147,34 @@ def _select(frame: pd.DataFrame, filters: dict[str, Any]) -> pd.DataFrame:
     return frame.loc[mask]
 
 
+@cache
+def _all_episodes(root: Path) -> pd.DataFrame:
+    frames = []
+    for path in sorted(root.glob("*/episodes.parquet")):
+        frame = _load(root, path.parent.name).episodes.copy()
+        frame["run"] = path.parent.name
+        frames.append(frame)
+    return pd.concat(frames, ignore_index=True)
+
+
+@cache
+def _rerun_pairs(root: Path) -> pd.DataFrame:
+    costs = cost_episodes(_all_episodes(root))
+    side = costs[["episode", "schedule_digest", "run", "policy", "network",
+                  "stall_ms_per_action", "kib_per_action"]]
+    both = side.merge(side, on=["episode", "schedule_digest"], suffixes=("_x", "_y"))
+    both = both[both["run_x"] < both["run_y"]]
+    pairs = pd.DataFrame({
+        "policy": both["policy_x"], "network": both["network_x"],
+        "runs": list(zip(both["run_x"], both["run_y"], strict=True)),
+        "a": both["stall_ms_per_action_x"], "b": both["stall_ms_per_action_y"],
+        "same_bytes": both["kib_per_action_x"] == both["kib_per_action_y"]})
+    high = pairs[["a", "b"]].max(axis=1)
+    pairs["deviation"] = high / pairs[["a", "b"]].min(axis=1) - 1
+    pairs["ratio"] = pairs["a"] / pairs["b"]
+    return pairs.reset_index(drop=True)
+
+
 class Scope:
     """What an expression sees: one run's frames and the report's statistics."""
 
@@ -158,33 +187,15 @@ class Scope:
 
     def all_episodes(self) -> pd.DataFrame:
         """Every reference run's episodes, with a ``run`` column."""
-        frames = []
-        for path in sorted(self.root.glob("*/episodes.parquet")):
-            frame = _load(self.root, path.parent.name).episodes.copy()
-            frame["run"] = path.parent.name
-            frames.append(frame)
-        return pd.concat(frames, ignore_index=True)
+        return _all_episodes(self.root)
 
     def rerun_pairs(self, **filters: Any) -> pd.DataFrame:
         """Same-key episodes of two reference runs (every pair of runs that hold the
-        key, same schedule digest, neither aborted): columns ``policy``, ``a``, ``b``
-        (stall per action), ``same_bytes`` and ``deviation`` (larger / smaller - 1)."""
-        costs = _select(cost_episodes(self.all_episodes()), filters)
-        rows = []
-        for _, group in costs.groupby("episode"):
-            group = group.drop_duplicates("run")
-            for (_, x), (_, y) in itertools.combinations(group.iterrows(), 2):
-                if x["schedule_digest"] != y["schedule_digest"]:
-                    continue
-                rows.append({"policy": x["policy"], "a": x["stall_ms_per_action"],
-                             "b": y["stall_ms_per_action"], "runs": (x["run"], y["run"]),
-                             "same_bytes": x["kib_per_action"] == y["kib_per_action"]})
-        pairs = pd.DataFrame(rows)
-        high = pairs[["a", "b"]].max(axis=1)
-        low = pairs[["a", "b"]].min(axis=1)
-        pairs["deviation"] = high / low - 1
-        pairs["ratio"] = pairs["a"] / pairs["b"]
-        return pairs
+        key, same schedule digest, neither aborted): columns ``policy``, ``runs``,
+        ``a``, ``b`` (stall per action), ``same_bytes``, ``ratio`` (a / b) and
+        ``deviation`` (larger / smaller - 1)."""
+        pairs = _rerun_pairs(self.root)
+        return _select(pairs, filters).reset_index(drop=True)
 
     def cell_medians(self, metric: str = "stall_ms_per_action", **filters: Any) -> pd.Series:
         """Every reference run's cell medians over templates (index: run, cell) of the
@@ -273,7 +284,13 @@ def sections(readme: str) -> dict[str, tuple[int, int]]:
     heads = [(m.start(), m.group(2).strip()) for m in
              re.finditer(r"^(#+) (.+)$", readme, flags=re.MULTILINE)]
     ends = [start for start, _ in heads[1:]] + [len(readme)]
-    return {title: (start, end) for (start, title), end in zip(heads, ends, strict=True)}
+    out = {title: (start, end) for (start, title), end in zip(heads, ends, strict=True)}
+    for title, (start, end) in list(out.items()):  # "heading#N": list item N
+        items = list(re.finditer(r"^(\d+)\. ", readme[start:end], flags=re.MULTILINE))
+        for item, after in zip(items, [*items[1:], None][:len(items)], strict=True):
+            stop = start + after.start() if after is not None else end
+            out[f"{title}#{item.group(1)}"] = (start + item.start(), stop)
+    return out
 
 
 def covered_spans(readme: str, entries: Iterable[Claim]) -> list[tuple[int, int]]:
