@@ -55,10 +55,11 @@ NUMBER = re.compile(r"(?<![\w.])[-+]?\d(?:[\d,]*\d)?(?:\.\d+)?%?")
 BRACKET = re.compile(r"\[([^\[\]]+)\]")
 STRATA = ("trace_offset_s",)
 LABEL_BEFORE = re.compile(
-    r"(?:\b(?:rho|delta|lambda|d|K|N|T|p|r)\s*=\s*|\b(?:[Ff]indings?|[Tt]ables?|"
+    r"(?:\b(?:rho|delta|lambda|d|K|N|T|p|r)\s*(?:=|<=|>=|<|>)\s*|\b(?:[Ff]indings?|[Tt]ables?|"
     r"[Ff]igures?|appendix|issue|[Bb]atch(?:es)?)\s+|[A-Z]\.)$")
 LABEL_AFTER = re.compile(
-    r"^(?:\s*(?:templates?|schedules|keys|agents|work units|lanes|trials per)\b|\.[A-Za-z0-9])")
+    r"^(?:\s*(?:templates?|schedules|keys|agents|work units|lanes|trials per)\b|-template|"
+    r"\.[A-Za-z0-9])")
 """Numbers that name something rather than measure it (rule 3): ``rho = 4``,
 ``finding 10``, ``D.7``, ``30 templates``; list numbers, dates and inline code too."""
 
@@ -326,7 +327,8 @@ def is_label(readme: str, start: int, end: int) -> bool:
     if (re.fullmatch(r"20\d\d", token) and after.startswith("-")) or re.search(
             r"20\d\d-(?:\d\d-)?$", before):
         return True  # a date
-    return bool(LABEL_BEFORE.search(before) or LABEL_AFTER.match(after))
+    wider = re.sub(r"\s+", " ", readme[max(0, start - 40):start])  # across a line break
+    return bool(LABEL_BEFORE.search(wider) or LABEL_AFTER.match(after))
 
 
 def uncovered(readme: str, claims: ClaimsFile) -> list[str]:
