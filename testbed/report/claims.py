@@ -56,7 +56,7 @@ BRACKET = re.compile(r"\[([^\[\]]+)\]")
 STRATA = ("trace_offset_s",)
 LABEL_BEFORE = re.compile(
     r"(?:\b(?:rho|delta|lambda|d|K|N|T|p|r)\s*(?:=|<=|>=|<|>)\s*|\b(?:[Ff]indings?|[Tt]ables?|"
-    r"[Ff]igures?|appendix|issue|[Bb]atch(?:es)?)\s+|[A-Z]\.)$")
+    r"[Ff]igures?|appendix|issue|[Bb]atch(?:es)?)\s+|[A-Z]\.|[a-z]-)$")
 LABEL_AFTER = re.compile(
     r"^(?:\s*(?:templates?|schedules|keys|agents|work units|lanes|trials per)\b|-template|"
     r"\.[A-Za-z0-9])")
