@@ -22,13 +22,15 @@ Rules of this module:
    and ``a`` (actions) and the helpers of :class:`Scope`: filters by column
    (``E(policy="planfence", network="att")``), the report's statistics (cell medians
    over templates, paired two-stage changes with the report's seed and draws, medians
-   of per-template ratios) and ``runs(name)`` for claims that span several runs. They
+   of per-template ratios), ``runs(name)`` for claims that span several runs and
+   ``read_json(path)`` for a benchmark's output kept under results/. They
    only read (rule 10 of STYLE: analysis never rewrites raw results).
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import re
 import tomllib
@@ -198,6 +200,11 @@ class Scope:
         pairs = _rerun_pairs(self.root)
         return _select(pairs, filters).reset_index(drop=True)
 
+    def read_json(self, name: str) -> Any:
+        """A JSON file under the results root (a benchmark's output, e.g.
+        ``transfer/transfer.json``)."""
+        return json.loads((self.root / name).read_text())
+
     def cell_medians(self, metric: str = "stall_ms_per_action", **filters: Any) -> pd.Series:
         """Every reference run's cell medians over templates (index: run, cell) of the
         cells that match ``filters`` (``run=[...]`` picks runs)."""
@@ -244,7 +251,7 @@ class Scope:
     def namespace(self) -> dict[str, Any]:
         names: dict[str, Any] = {n: getattr(self, n) for n in (
             "E", "A", "median", "stall", "kib", "pairs", "change", "ratio", "runs",
-            "all_episodes", "rerun_pairs", "cell_medians")}
+            "all_episodes", "rerun_pairs", "cell_medians", "read_json")}
         if self.run is not None:
             names.update(e=cost_episodes(self.run.episodes), a=self.run.actions,
                          episodes=self.run.episodes)
