@@ -200,6 +200,20 @@ class Scope:
         pairs = _rerun_pairs(self.root)
         return _select(pairs, filters).reset_index(drop=True)
 
+    def sessions(self) -> list[dict[str, Any]]:
+        """The run's sessions from its manifest: ``jobs``, ``minutes`` (NaN for a
+        session that recorded no end: killed) and ``status``."""
+        assert self.run is not None, "this claim names no run"
+        out = []
+        for session in self.run.manifest.get("sessions", []):
+            minutes = float("nan")
+            if "ended_at" in session:
+                start = pd.Timestamp(session["started_at"])
+                minutes = (pd.Timestamp(session["ended_at"]) - start).total_seconds() / 60
+            out.append({"jobs": session.get("jobs"), "minutes": minutes,
+                        "status": session.get("status")})
+        return out
+
     def read_json(self, name: str) -> Any:
         """A JSON file under the results root (a benchmark's output, e.g.
         ``transfer/transfer.json``)."""
@@ -251,7 +265,7 @@ class Scope:
     def namespace(self) -> dict[str, Any]:
         names: dict[str, Any] = {n: getattr(self, n) for n in (
             "E", "A", "median", "stall", "kib", "pairs", "change", "ratio", "runs",
-            "all_episodes", "rerun_pairs", "cell_medians", "read_json")}
+            "all_episodes", "rerun_pairs", "cell_medians", "read_json", "sessions")}
         if self.run is not None:
             names.update(e=cost_episodes(self.run.episodes), a=self.run.actions,
                          episodes=self.run.episodes)
@@ -332,8 +346,9 @@ def is_label(readme: str, start: int, end: int) -> bool:
     if before.strip() == "" and after.startswith(". "):
         return True  # a numbered list item
     if (re.fullmatch(r"20\d\d", token) and after.startswith("-")) or re.search(
-            r"20\d\d-(?:\d\d-)?$", before):
-        return True  # a date
+            r"20\d\d-(?:\d\d-)?$", before) or (re.fullmatch(r"\d\d", token) and (
+            re.match(r"-\d\d\b", after) or re.search(r"\b\d\d-$", before))):
+        return True  # a date (2026-12-01, or 12-01 in a table)
     wider = re.sub(r"\s+", " ", readme[max(0, start - 40):start])  # across a line break
     return bool(LABEL_BEFORE.search(wider) or LABEL_AFTER.match(after))
 
