@@ -111,11 +111,13 @@ def _wait_for(pred: object, what: str, timeout_s: float = 60) -> None:
 
 def test_two_loopback_runs_never_overlap(tmp_path: Path) -> None:
     env = {**os.environ, DIR_ENV: str(tmp_path / "lanes")}
-    first, out_a = _start(tmp_path, "first", 1, 4, env)
+    first, out_a = _start(tmp_path, "first", 1, 30, env)  # long enough to be met
     try:
         _wait_for(lambda: _node_children(first.pid) > 0, "the first run started no node")
         second, out_b = _start(tmp_path, "second", 2, 4, env)
         try:
+            _wait_for(lambda: any(h.waiting_loopback for h in holders(tmp_path / "lanes"))
+                      or second.poll() is not None, "the second run never asked for the host")
             with Sampler({"first": first.pid, "second": second.pid}) as sampler:
                 log_a, _ = first.communicate(timeout=240)
                 log_b, _ = second.communicate(timeout=240)
