@@ -3,19 +3,22 @@
 The harness-floor ratio compares a node's head query with a raw TCP echo; both are
 round trips between two processes, whose cost depends on whether the two share a CPU.
 Each ratio must divide figures measured in one placement: the CPUs each end was allowed
-are read back from the kernel during the measurement, not taken from the plan.
+are read back from the kernel during the measurement, not taken from the plan. The bench
+runs as its own process (`python -m testbed.tools.bench_rpc`): it loads a policy plugin
+(`bench_policy`) into the registry, which must not leak into other tests.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from testbed.tools import placement
-from testbed.tools.bench_rpc import bench_rpc
 
 TWO_CPUS = len(os.sched_getaffinity(0)) >= 2
 
@@ -53,9 +56,13 @@ def test_plan() -> None:
 
 
 @pytest.mark.slow
-async def test_each_ratio_compares_one_placement() -> None:
-    before = os.sched_getaffinity(0)
-    figures = await bench_rpc(calls=100)
+def test_each_ratio_compares_one_placement(tmp_path: Path) -> None:
+    out = tmp_path / "rpc.json"
+    proc = subprocess.run([sys.executable, "-m", "testbed.tools.bench_rpc", "--calls", "100",
+                           "--json", str(out)], capture_output=True, text=True, timeout=280,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    figures = json.loads(out.read_text())
     wanted = placement.PLACEMENTS if TWO_CPUS else ("same_cpu",)
     assert figures["not_measured"] == [p for p in placement.PLACEMENTS if p not in wanted]
     for name in wanted:
@@ -72,4 +79,3 @@ async def test_each_ratio_compares_one_placement() -> None:
         ratio = placed["fresh_p50_ms"] / placed["raw_echo_p50_ms"]
         assert placed["fresh_vs_raw"] == pytest.approx(ratio, rel=0.02)
     assert "reuse_vs_raw" not in figures  # no ratio across placements
-    assert os.sched_getaffinity(0) == before  # the bench process is back where it was
