@@ -11,7 +11,9 @@ Rules:
    session's pace, and the episode running. ``TESTBED_PROGRESS_S`` sets another
    interval.
 3. Both have the same methods (``add_task``, ``update``, ``advance``, ``start``,
-   ``stop``), so the loop does not care which it has.
+   ``stop``) and a ``console``, so the loop does not care which it has. Both show who
+   holds the host (the ``host`` field, ``testbed.host.lanes``) when the run waits for
+   it.
 """
 
 from __future__ import annotations
@@ -36,9 +38,13 @@ INTERVAL_ENV = "TESTBED_PROGRESS_S"
 
 
 class ProgressLike(Protocol):
-    def add_task(self, description: str, /, *, total: int, completed: int) -> Any: ...
+    @property
+    def console(self) -> Console: ...
 
-    def update(self, task: Any, /, *, description: str) -> None: ...
+    def add_task(self, description: str, /, *, total: int, completed: int,
+                 host: str) -> Any: ...
+
+    def update(self, task: Any, /, *, description: str = ..., host: str = ...) -> None: ...
 
     def advance(self, task: Any, /) -> None: ...
 
@@ -62,21 +68,26 @@ class LineProgress:
             os.environ.get(INTERVAL_ENV, INTERVAL_S))
         self.clock = clock
         self.total = self.done = self.done_before = 0
-        self.current = ""
+        self.current = self.host = ""
         self.started = clock()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def add_task(self, description: str, *, total: int, completed: int) -> int:
+    def add_task(self, description: str, *, total: int, completed: int,
+                 host: str = "") -> int:
         with self._lock:
             self.total, self.done, self.done_before = total, completed, completed
-            self.current = description
+            self.current, self.host = description, host
         return 0
 
-    def update(self, task: int, *, description: str) -> None:
+    def update(self, task: int, *, description: str | None = None,
+               host: str | None = None) -> None:
         with self._lock:
-            self.current = description
+            if description is not None:
+                self.current = description
+            if host is not None:
+                self.host = host
 
     def advance(self, task: int) -> None:
         with self._lock:
@@ -90,10 +101,11 @@ class LineProgress:
             left = self.total - self.done
             eta = _clock(elapsed / ran * left) if ran and left else ("0:00:00" if not left
                                                                      else "unknown")
+            host = f"; {self.host}" if self.host and left else ""
             pct = 100.0 * self.done / self.total if self.total else 100.0
             return (f"progress: {self.done}/{self.total} episodes ({pct:.0f}%), elapsed "
                     f"{_clock(elapsed)}, ETA {eta}" + (f"; running {self.current}"
-                                                       if left else ""))
+                                                       if left else "") + host)
 
     def _tick(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -119,6 +131,7 @@ def open_progress(console: Console) -> ProgressLike:
         return LineProgress(console)
     bar: ProgressLike = Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console,
+        TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+        TextColumn("{task.fields[host]}"), console=console,
         transient=False, refresh_per_second=2)
     return bar
