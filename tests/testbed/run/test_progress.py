@@ -40,6 +40,18 @@ def test_a_line_says_how_far_and_how_long_yet() -> None:
                                       "ETA 0:06:00; running ")
 
 
+def test_a_line_says_who_holds_the_host_while_the_run_waits() -> None:
+    clock = Clock()
+    progress = LineProgress(Console(file=io.StringIO()), interval_s=60, clock=clock)
+    task = progress.add_task("episodes", total=3, completed=0, host="")
+    progress.update(task, host="waiting for a lane: run /x holds 8 lane(s)")
+    assert progress.line().endswith("; waiting for a lane: run /x holds 8 lane(s)")
+    progress.update(task, description="planfence_att/reservation-01")  # keeps the host
+    assert "waiting for a lane" in progress.line()
+    progress.update(task, host="")
+    assert progress.line().endswith("running planfence_att/reservation-01")
+
+
 def test_a_console_that_is_not_a_terminal_gets_lines() -> None:
     assert isinstance(open_progress(Console(file=io.StringIO())), LineProgress)
     assert not isinstance(open_progress(Console(file=io.StringIO(), force_terminal=True)),
