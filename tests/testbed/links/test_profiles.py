@@ -18,6 +18,7 @@ from testbed.links.profiles import (
     profile_names,
 )
 from testbed.links.traces import load_named
+from tests.names import networks
 
 
 def test_the_builtin_networks_come_first_in_file_order() -> None:
@@ -73,7 +74,8 @@ def test_profiles_are_frozen() -> None:
 
 BAD: list[tuple[dict[str, Any], str]] = [
     ({"name": "lte"}, rf"^network: unknown profile 'lte'; allowed: {', '.join(profile_names())}$"),
-    ({"name": "att", "rate_kbit": 1000}, r"^rate_kbit: .*allowed only with: fixed$"),
+    ({"name": "att", "rate_kbit": 1000},
+     rf"^rate_kbit: .*allowed only with: {', '.join(networks(shaped=True, traced=False))}$"),
     ({"name": "loopback", "delay_ms": 5}, r"^delay_ms: the loopback profile has no link"),
     ({"name": "fixed", "delay_ms": -1}, r"^delay_ms: -1 is not allowed; use a number >= 0 and <= 10000$"),
     ({"name": "fixed", "delay_ms": float("inf")}, r"^delay_ms: inf is not allowed"),
