@@ -73,7 +73,10 @@ def test_the_lock_pins_every_dependency() -> None:
     assert not missing, f"requirements.lock lacks {missing}; regenerate it"
 
 
+# The wheel, the venv and the install took 590 s on the loaded shared host (2 cores, load
+# 15-22), over pytest's 300 s; the steps' own bounds below are what limits it.
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_wheel_installs_into_an_empty_venv_and_runs(tmp_path: Path) -> None:
     dist = tmp_path / "dist"
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-v", "-w",
