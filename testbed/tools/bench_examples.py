@@ -8,7 +8,10 @@ time ``testbed run campaign.toml --out run`` as a fresh process (start, probes,
 topologies, episodes, consolidation: everything a user waits for). The result per
 example: estimate, measured wall time, their ratio, episode count and the host's load
 average before and after (the estimate assumes a host running nothing else).
-Needs root for the examples' shaped links.
+The runs keep their host lanes (``testbed.host.lanes``) in the scratch folder: with the
+host's own lane state they would queue behind every other run on a shared host (one
+waiting for a loopback cell stops all others) and the bench would time that queue, not
+the example. Needs root for the examples' shaped links.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from testbed.host.lanes import DIR_ENV
 from testbed.tools.examples import copy_example, example_names
 
 ESTIMATE = re.compile(r"estimated wall time: about ([\d.]+) (s|min|h)")
@@ -47,7 +51,7 @@ def _testbed(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Comp
 def bench_example(name: str, scratch: Path) -> dict[str, Any]:
     folder = scratch / name
     copy_example(name, folder)
-    env = dict(os.environ)
+    env = {**os.environ, DIR_ENV: str(scratch / "host-lanes")}  # module docstring
     if (folder / "pyproject.toml").is_file():  # a plugin package: installed, as its README
         site = scratch / f"{name}-site"
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
