@@ -63,7 +63,20 @@ def cmd_run(args: argparse.Namespace) -> int:
         for item in clean_dead_runs(run_state_dir(), label=label):
             out_console.print(f"removed {item} (left by an interrupted run)")
 
+    command = campaign.command is not None
+    if command and cluster is not None:
+        raise UserError("--cluster: a command workload runs its programs from this process; "
+                        "drop --cluster (use --jobs N for lanes)")
+
     async def main(ledger: Ledger) -> None:
+        if command:  # your own programs (testbed.run.command_runner)
+            from testbed.run.command_runner import CommandRunner
+
+            own = CommandRunner(campaign, out_dir=out, backend=args.backend,
+                                link_log_dir=out / "links")
+            await run_campaign(campaign, out, resume=args.resume, extend=args.extend,
+                               jobs=jobs, runner=own, console=out_console)
+            return
         if cluster is None:
             runner = EpisodeRunner(campaign, workdir_root=workdir, backend=args.backend,
                                    ledger=ledger, link_log_dir=out / "links",
@@ -101,7 +114,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    from testbed.campaign.vocabulary import BACKENDS
+    from testbed.links.backend import BACKEND_CHOICES as BACKENDS  # light: no registries
 
     p = sub.add_parser("check", help="validate a campaign and print its plan; creates nothing")
     p.add_argument("campaign", help="preset name or path to a campaign TOML file")
