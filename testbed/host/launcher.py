@@ -28,6 +28,9 @@ Rules:
 5. Exit status: C's (128 + N when a signal N ended it); 125 when the launcher could not
    set up (a one-line reason on stderr), 126 when the command cannot run, 127 when it
    does not exist, like env(1) and timeout(1).
+6. I signals "every process" (``kill(-1)``) only as PID 1 of its own PID namespace, and
+   refuses to start otherwise: outside one, kill(-1) by root reaches every process of
+   the machine.
 """
 
 from __future__ import annotations
@@ -131,8 +134,21 @@ def _exec_command(argv: list[str], report_fd: int) -> None:
     os._exit(EXIT_NOT_FOUND)
 
 
+def _signal_namespace(signum: int) -> None:
+    """Send SIGNUM to every other process of this PID namespace. Only PID 1 of a
+    namespace of its own may: anywhere else kill(-1) reaches every process the caller
+    may signal, for root the whole machine (rule 6)."""
+    if os.getpid() != 1:
+        os._exit(EXIT_SETUP)
+    os.kill(-1, signum)
+
+
 def init_main(argv: list[str], grace_s: float, parent_fd: int) -> None:
     """I, PID 1 of the host's PID namespace (rule 2); never returns."""
+    if os.getpid() != 1:  # the PID namespace is missing: refuse (rule 6)
+        print("testbed launcher: not PID 1 of a PID namespace of its own; refusing to run",
+              file=sys.stderr)
+        os._exit(EXIT_SETUP)
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     try:
         _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
@@ -165,7 +181,7 @@ def init_main(argv: list[str], grace_s: float, parent_fd: int) -> None:
             if pid == child and status is None:
                 status = _status(wait_status)
         if status is not None and stop_at is None:
-            os.kill(-1, signal.SIGTERM)  # what C left behind
+            _signal_namespace(signal.SIGTERM)  # what C left behind
             stop_at = time.monotonic() + grace_s
         if stop_at is not None and time.monotonic() >= stop_at:
             os._exit(status if status is not None else 128 + signal.SIGTERM)
@@ -180,7 +196,7 @@ def init_main(argv: list[str], grace_s: float, parent_fd: int) -> None:
             elif signum in PASSED_ON and status is None:
                 os.kill(child, signum)
         if stop and stop_at is None:
-            os.kill(-1, signal.SIGTERM)
+            _signal_namespace(signal.SIGTERM)
             stop_at = time.monotonic() + grace_s
 
 
