@@ -56,6 +56,7 @@ _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _HOST = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,31}$")
 _ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _AGENT = re.compile(r"^a(\d+)$")
+_ADDR = re.compile(r"\{addr:([^{}]*)\}")
 RESERVED_PREFIX = "TESTBED_"
 
 
@@ -244,6 +245,10 @@ def _run(raw: Any, where: str, known: Sequence[str]) -> Run:
                                 f"{', '.join((*ON_GROUPS, *known))}")
     on = _on(raw["on"], f"{where}.on", known)
     argv = _argv(raw, where)
+    for arg in argv:
+        for name in _ADDR.findall(arg):
+            if name not in known:
+                raise _fail(f"{where}: {{addr:{name}}}", name, f"a host ({', '.join(known)})")
     service = raw.get("service", False)
     if not isinstance(service, bool):
         raise _fail(f"{where}.service", service, "true or false")

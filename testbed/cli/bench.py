@@ -133,6 +133,21 @@ def _transfer_args(b: argparse.ArgumentParser) -> None:
                    help="transfers per payload size and loss rate (default 20)")
 
 
+def _exec(args: argparse.Namespace, out: Console, json_path: Path | None) -> Any:
+    require_root("bench exec")
+    from testbed.tools.bench_exec import bench_exec
+
+    bench_exec(json_path, out, repeats=args.repeats, hosts=args.hosts)
+    return None  # the table is printed
+
+
+def _exec_args(b: argparse.ArgumentParser) -> None:
+    b.add_argument("--repeats", type=positive_int, default=5, metavar="N",
+                   help="runs per network size (default 5)")
+    b.add_argument("--hosts", type=counts, default=(2, 8), metavar="N,N",
+                   help="network sizes (default 2,8)")
+
+
 BenchRun = Callable[[argparse.Namespace, Console, "Path | None"], Any]
 
 
@@ -152,6 +167,8 @@ BENCHES: tuple[Bench, ...] = (
     Bench("limits", "the primary grid's peak connections, objects and installs against the "
                     "node limits", _limits, _limits_args),
     Bench("lanes", "AT&T episodes at 1-16 lanes and on a LocalCluster", _lanes, _lanes_args),
+    Bench("exec", "testbed exec: from the call to the command's first instruction, and from "
+                  "its exit to everything removed (2 and 8 hosts)", _exec, _exec_args),
     Bench("transfer", "one fresh authenticated transfer against payload and loss on a wired, "
                       "an LTE and a LEO-like network (fig. C.1)", _transfer, _transfer_args),
 )

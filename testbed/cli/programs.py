@@ -102,7 +102,9 @@ def cmd_exec(args: argparse.Namespace) -> int:
     import trio
 
     from testbed.net.commands import split_segments
-    from testbed.tools.user_exec import choice_from_args, run_exec
+    from testbed.tools.user_exec import choice_from_args, mark, run_exec, write_timings
+
+    mark("main")
 
     options, segments = split_segments(args.raw)
     parsed = _exec_parser().parse_args(options)
@@ -111,10 +113,13 @@ def cmd_exec(args: argparse.Namespace) -> int:
     require_root("exec")
     if parsed.timeout is not None and not parsed.timeout > 0:
         _exec_parser().error("--timeout: a number of seconds > 0")
-    return trio.run(lambda: run_exec(
-        choice_from_args(parsed), segments, timeout_s=parsed.timeout, stream=parsed.stream,
-        output_dir=directory("--output", parsed.output),
-        link_log=_link_log(parsed.link_log), quiet=parsed.quiet))
+    try:
+        return trio.run(lambda: run_exec(
+            choice_from_args(parsed), segments, timeout_s=parsed.timeout,
+            stream=parsed.stream, output_dir=directory("--output", parsed.output),
+            link_log=_link_log(parsed.link_log), quiet=parsed.quiet))
+    finally:
+        write_timings()
 
 
 def cmd_shell(args: argparse.Namespace) -> int:

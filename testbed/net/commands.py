@@ -193,6 +193,11 @@ def plan_commands(segments: Sequence[Segment], hosts: Sequence[str]) -> list[Com
             if host not in hosts:
                 raise CommandError(f"--on {host}: no such host; hosts: {', '.join(hosts)}")
             specs.append(CommandSpec(host, seg.argv, seg.service, seg.ready))
+    for spec in specs:
+        missing = [h for h in referenced_hosts(spec.argv) if h not in hosts]
+        if missing:
+            raise CommandError(f"{{addr:{missing[0]}}}: no host {missing[0]!r} in this "
+                               f"network; hosts: {', '.join(hosts)}")
     if all(s.service for s in specs):
         raise CommandError("--service: every command is a service; at least one must run "
                            "to its end")

@@ -3,7 +3,8 @@
 Rules:
 
 1. Commands start in the order given (``testbed.net.commands`` rule 1); a command with
-   a readiness check must pass it before the next one starts. The traces restart (and
+   a readiness check must pass it before the next one starts, and commands between two
+   such points start at once (:func:`batches`). The traces restart (and
    ``on_trace_start`` runs) right before the first command that is not a service, so
    what the measured commands see starts at the trace offset, whatever the services
    took to start. Each command gets the environment of ``commands`` rule 3.
@@ -155,6 +156,25 @@ async def _pump(stream: Any, label: str, sink: BinaryIO) -> None:
         sink.flush()
 
 
+def batches(specs: Sequence[CommandSpec]) -> list[tuple[int, int]]:
+    """Runs of commands that may start together (rule 1): a batch ends after a command
+    with a readiness check, and before the first command that is not a service (the
+    trace restarts right before it)."""
+    first = next((i for i, s in enumerate(specs) if not s.service), len(specs))
+    out: list[tuple[int, int]] = []
+    start = 0
+    for i, spec in enumerate(specs):
+        if i == first and i > start:
+            out.append((start, i))
+            start = i
+        if spec.ready is not None:
+            out.append((start, i + 1))
+            start = i + 1
+    if start < len(specs):
+        out.append((start, len(specs)))
+    return out
+
+
 async def run_commands(topo: Topology, specs: Sequence[CommandSpec], *,
                        hosts_file: Path | None, timeout_s: float | None = None,
                        output: str = "inherit", output_dir: Path | None = None,
@@ -163,46 +183,53 @@ async def run_commands(topo: Topology, specs: Sequence[CommandSpec], *,
                        grace_s: float = STOP_GRACE_S, cwd: str | None = None
                        ) -> SessionResult:
     """Run SPECS on TOPO's hosts (the module rules) in directory CWD (default: this
-    process's); returns how each ended."""
+    process's); returns how each ended. Commands of one batch (:func:`batches`) start
+    at once."""
     addresses = addresses_of(topo)
     sink = _Output(output, output_dir)
     result = SessionResult(started=time.monotonic())
-    programs: list[Program] = []
+    started: dict[int, Program] = {}
     names = labels(specs)
     deadline = trio.current_time() + timeout_s if timeout_s is not None else float("inf")
     why = "cancelled"
+
+    async def start(index: int, nursery: trio.Nursery) -> None:
+        spec, label = specs[index], names[index]
+        env = host_env(spec.host, addresses,
+                       t0_ns=None if result.t0 is None else int(result.t0 * 1e9))
+        if env_of is not None:
+            env.update(env_of(spec, label))
+        argv = substitute(spec.argv, spec.host, addresses)
+        out, err = sink.open(label)
+        try:
+            program = await start_program(topo, spec, label=label, argv=argv, env=env,
+                                          hosts_file=hosts_file, stdin=stdin, stdout=out,
+                                          stderr=err, grace_s=grace_s, cwd=cwd,
+                                          nursery=nursery)
+        finally:
+            for f in (out, err):
+                if hasattr(f, "close"):
+                    f.close()
+        started[index] = program
+        if output == "prefix":
+            nursery.start_soon(_pump, program.process.stdout, label, sys.stdout.buffer)
+            nursery.start_soon(_pump, program.process.stderr, label, sys.stderr.buffer)
+
     async with trio.open_nursery() as nursery:
         try:
             with trio.CancelScope(deadline=deadline) as scope:
-                for spec, label in zip(specs, names, strict=True):
-                    if not spec.service and result.t0 is None:
+                for first, last in batches(specs):
+                    if result.t0 is None and not all(s.service for s in specs[first:last]):
                         result.t0 = await topo.restart_trace()
                         if on_trace_start is not None:
                             await on_trace_start(result.t0)
-                    env = host_env(spec.host, addresses,
-                                   t0_ns=None if result.t0 is None else int(result.t0 * 1e9))
-                    if env_of is not None:
-                        env.update(env_of(spec, label))
-                    argv = substitute(spec.argv, spec.host, addresses)
-                    out, err = sink.open(label)
-                    try:
-                        program = await start_program(
-                            topo, spec, label=label, argv=argv, env=env,
-                            hosts_file=hosts_file, stdin=stdin, stdout=out, stderr=err,
-                            grace_s=grace_s, cwd=cwd, nursery=nursery)
-                    finally:
-                        for f in (out, err):
-                            if hasattr(f, "close"):
-                                f.close()
-                    programs.append(program)
-                    if output == "prefix":
-                        nursery.start_soon(_pump, program.process.stdout, label,
-                                           sys.stdout.buffer)
-                        nursery.start_soon(_pump, program.process.stderr, label,
-                                           sys.stderr.buffer)
-                    if spec.ready is not None:
-                        await wait_ready(program, spec.ready)
-                for program in programs:
+                    async with trio.open_nursery() as starting:
+                        for index in range(first, last):
+                            starting.start_soon(start, index, nursery)
+                    ready = specs[last - 1].ready
+                    if ready is not None:
+                        await wait_ready(started[last - 1], ready)
+                for program in started.values():
                     if not program.spec.service:
                         await program.done.wait()
             result.timed_out = scope.cancelled_caught
@@ -211,9 +238,10 @@ async def run_commands(topo: Topology, specs: Sequence[CommandSpec], *,
             result.failure, why = str(exc), "failed"
         finally:
             with trio.CancelScope(shield=True):
-                await _stop_all(programs, why, grace_s)
+                await _stop_all(list(started.values()), why, grace_s)
     result.ended = time.monotonic()
-    for program, label in zip(programs, names, strict=False):
+    for index in sorted(started):
+        program, label = started[index], names[index]
         out_err = sink.files.get(label, (None, None))
         result.programs.append(ProgramResult(
             label, program.spec.host, program.argv, program.spec.service, program.status,

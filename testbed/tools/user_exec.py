@@ -18,13 +18,18 @@ Rules:
    program and printed, program by program, when they have ended (``--stream``: live,
    each line prefixed with ``[label]``; ``--output DIR``: into ``DIR/<label>.out`` and
    ``.err``). The exit status is the session's (``testbed.net.session`` rule 5).
+5. With ``TESTBED_EXEC_TIMINGS=FILE`` the phases of the run (wall-clock nanoseconds:
+   command line entered, network built, first command started, commands ended,
+   everything removed) are written to FILE as JSON, for ``testbed bench exec``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -128,6 +133,22 @@ def select_hosts(choice: NetworkChoice, segments: Sequence[Segment],
     return names
 
 
+TIMINGS_ENV = "TESTBED_EXEC_TIMINGS"
+PHASES: dict[str, Any] = {}
+
+
+def mark(phase: str) -> None:
+    """Rule 5: note when PHASE was reached (only when asked for)."""
+    if os.environ.get(TIMINGS_ENV):
+        PHASES[phase] = time.time_ns()
+
+
+def write_timings() -> None:
+    path = os.environ.get(TIMINGS_ENV)
+    if path:
+        Path(path).write_text(json.dumps(PHASES))
+
+
 def _banner(net: HostNetwork, profile: NetworkProfile, where: str) -> str:
     hosts = " ".join(f"{n}={a}" for n, a in addresses_of(net.topo).items())
     return (f"testbed: {where} on {profile.name} ({net.topo.backend}, run prefix "
@@ -178,12 +199,15 @@ async def _session(choice: NetworkChoice, profile: NetworkProfile, hosts: list[s
     async with open_host_network(profile, hosts, backend=choice.backend,
                                  trace_offset_s=choice.trace_offset_s, seed=choice.seed,
                                  packet_log=link_log is not None) as net:
+        mark("network_built")
+        PHASES["prefix"] = net.topo.prefix
         if not quiet:
             tail = "; exit the shell to remove everything" if output == "inherit" and \
                 stdin is None else ""
             print(_banner(net, profile, what) + tail, file=sys.stderr)
 
         async def on_trace_start(_: float) -> None:
+            mark("commands_starting")
             if link_log is not None:
                 await trio.to_thread.run_sync(partial(link_log.mkdir, parents=True,
                                                       exist_ok=True))
@@ -195,11 +219,13 @@ async def _session(choice: NetworkChoice, profile: NetworkProfile, hosts: list[s
                                         output_dir=output_dir or net.workdir / "output",
                                         stdin=stdin, on_trace_start=on_trace_start)
         finally:
+            mark("commands_ended")
             if link_log is not None:
                 with trio.CancelScope(shield=True):
                     await net.topo.stop_link_log()
         if print_captured:
             _print_captured(result)
+    mark("removed")
     return result
 
 

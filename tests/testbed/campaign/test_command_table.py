@@ -81,6 +81,8 @@ def test_policies_are_labels_of_the_program_variants() -> None:
     ({"command__run__0__cmd": None, "command__run__0__argv": []},
      r"command.run\[0\].argv: \[\] is not allowed"),
     ({"command__run__0__oops": 1}, r"command.run\[0\]: unknown field 'oops'"),
+    ({"command__run__1__argv": ["c", "{addr:srv}"]},
+     r"command.run\[1\]: \{addr:srv\}: 'srv' is not allowed; allowed: a host"),
     ({"command__timeout_s": 0}, r"command.timeout_s: 0 is not allowed"),
     ({"command__unit_ms": "fast"}, r"command.unit_ms: 'fast' is not allowed"),
     ({"command__lead_ms": -1}, r"command.lead_ms: -1 is not allowed"),

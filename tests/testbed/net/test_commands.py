@@ -19,7 +19,7 @@ from testbed.net.commands import (
     split_segments,
     substitute,
 )
-from testbed.net.session import SessionResult, labels
+from testbed.net.session import SessionResult, batches, labels
 
 ADDRS = {"c": "198.18.0.1", "s": "198.18.0.2"}
 
@@ -84,6 +84,23 @@ def test_plan_and_default_hosts() -> None:
         plan_commands([Segment("x", ("true",))], ["c"])
     with pytest.raises(CommandError, match="every command is a service"):
         plan_commands([Segment("c", ("srv",), service=True)], ["c"])
+
+
+def test_a_placeholder_of_a_host_not_selected_is_refused_before_anything_runs() -> None:
+    with pytest.raises(CommandError, match=r"\{addr:s\}: no host 's'"):
+        plan_commands([Segment("c", ("ping", "{addr:s}"))], ["c"])
+
+
+def test_batches_start_together_between_readiness_points() -> None:
+    ready = Readiness("tcp", port=1)
+    specs = [CommandSpec("s", ("a",), service=True), CommandSpec("t", ("b",), service=True,
+                                                                  ready=ready),
+             CommandSpec("c", ("c",)), CommandSpec("d", ("d",)),
+             CommandSpec("e", ("e",), ready=ready), CommandSpec("f", ("f",))]
+    assert batches(specs) == [(0, 2), (2, 5), (5, 6)]
+    services = [CommandSpec("s", ("a",), service=True), CommandSpec("c", ("c",))]
+    assert batches(services) == [(0, 1), (1, 2)]  # the trace restarts in between
+    assert batches([CommandSpec(h, ("x",)) for h in "abc"]) == [(0, 3)]
 
 
 def test_labels_number_hosts_with_several_commands() -> None:
