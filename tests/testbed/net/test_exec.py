@@ -112,8 +112,8 @@ def test_a_python_http_server_and_client_over_att(tmp_path: Path) -> None:
 
 def test_ping_reads_the_configured_round_trip(tmp_path: Path) -> None:
     """20 ms per link crossing, two hosts: 4 x 20 = 80 ms (docs/links.md)."""
-    proc = run_testbed("exec", "fixed", "--delay-ms", "20", "--on", "c", "--", "ping", "-c",
-                   "10", "-i", "0.2", "{addr:s}", cwd=tmp_path)
+    proc = run_testbed("exec", "fixed", "--delay-ms", "20", "--link-log", "logs", "--on", "c",
+                   "--", "ping", "-c", "10", "-i", "0.2", "{addr:s}", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     match = RTT.search(proc.stdout)
     assert match, proc.stdout
@@ -121,6 +121,10 @@ def test_ping_reads_the_configured_round_trip(tmp_path: Path) -> None:
     assert low >= 79.5, proc.stdout
     assert avg <= 80 + 15, proc.stdout
     assert "10 received" in proc.stdout
+    # --link-log: every echo request left c's uplink (84 IP bytes) and was logged
+    departures = [line for line in (tmp_path / "logs/c.up.log").read_text().splitlines()
+                  if " - 84 " in line]
+    assert len(departures) >= 10
     assert_nothing_left(prefix_of(proc.stderr))
 
 
