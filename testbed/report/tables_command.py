@@ -1,6 +1,7 @@
 """Tables and a figure for command workloads: your own program's metrics beside the links'.
 
-Three tables, per network and policy (the program's variants):
+Three tables, per network and policy (the program's variants) and, where the campaign
+varies them, per setting of the other cell columns (rho, agents, ...):
 
 - ``table_command``: episodes (aborted), actions the program reported, the share that
   were ok, stall per action (median and interquartile range over episodes of the
@@ -33,6 +34,7 @@ from testbed.report.load import Run
 from testbed.report.stats import median_iqr
 from testbed.report.table_common import Options, layout
 from testbed.report.tabular import Cell, Table, fmt
+from testbed.results.schema import STRATUM_COLUMNS
 
 COMMAND_KIND = "command"
 DIRECTIONS = ("up", "down")
@@ -42,14 +44,31 @@ def is_command_run(run: Run) -> bool:
     return bool(run.manifest.get("config", {}).get("kind") == COMMAND_KIND)
 
 
+def varying(run: Run) -> list[str]:
+    """Cell columns besides network and policy whose values differ in this run (rho,
+    agents, ...): each of their combinations is a row of its own."""
+    ep = run.episodes
+    return [c for c in STRATUM_COLUMNS if c not in ("network", "policy", "backend")
+            and c in ep and ep[c].nunique(dropna=True) > 1]
+
+
+def _setting(part: pd.DataFrame, columns: list[str]) -> str:
+    return ", ".join(f"{c} {slicing.number(part[c].iloc[0])}" for c in columns)
+
+
 def _groups(run: Run) -> Iterable[tuple[str, str, pd.DataFrame, pd.DataFrame]]:
-    """(network, policy, episodes, actions) in report order."""
+    """(network, policy and setting, episodes, actions) in report order."""
     ep, acts = run.episodes, run.actions
+    columns = varying(run)
     for network in slicing.networks(ep):
         for policy in naming.ordered(ep.loc[ep["network"] == network, "policy"]):
-            part = ep[(ep["network"] == network) & (ep["policy"] == policy)]
-            keys = set(part.loc[~part["aborted"], "episode"])
-            yield network, policy, part, acts[acts["episode"].isin(keys)]
+            mine = ep[(ep["network"] == network) & (ep["policy"] == policy)]
+            settings = (mine.groupby(columns, sort=True, dropna=False) if columns
+                        else [((), mine)])
+            for _, part in settings:
+                label = policy + (f" ({_setting(part, columns)})" if columns else "")
+                keys = set(part.loc[~part["aborted"], "episode"])
+                yield network, label, part, acts[acts["episode"].isin(keys)]
 
 
 def _q(values: pd.Series, q: float) -> float:
@@ -190,19 +209,16 @@ def command_tables(run: Run, options: Options) -> list[Table]:
 
 def command_figures(run: Run, directory: Path) -> tuple[list[Path], list[str]]:
     """``fig_command_stall``: the CDF of every action's stall per network and policy."""
-    acts = run.actions.merge(run.episodes[["episode", "aborted"]], on="episode", how="left")
-    acts = acts[~acts["aborted"].astype(bool)]
+    acts = run.actions
     if "stall_ms" not in acts or acts["stall_ms"].isna().all():
         return [], ["command: no stall_ms reported, no stall figure"]
     figure = Figure(figsize=(7, 4), layout="constrained")
     ax = figure.subplots()
-    for network in slicing.networks(acts):
-        for policy in naming.ordered(acts.loc[acts["network"] == network, "policy"]):
-            values = np.sort(acts.loc[(acts["network"] == network) & (acts["policy"] == policy),
-                                      "stall_ms"].dropna().astype(float).to_numpy())
-            if values.size:
-                ax.step(values, np.arange(1, values.size + 1) / values.size, where="post",
-                        label=f"{network} / {policy} (n={values.size})")
+    for network, label, _, mine in _groups(run):
+        values = np.sort(mine["stall_ms"].dropna().astype(float).to_numpy())
+        if values.size:
+            ax.step(values, np.arange(1, values.size + 1) / values.size, where="post",
+                    label=f"{network} / {label} (n={values.size})")
     ax.set_xlabel("stall per action (ms, as the program reported it)")
     ax.set_ylabel("share of actions")
     ax.set_ylim(0, 1.02)
