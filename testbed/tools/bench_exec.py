@@ -11,6 +11,8 @@ writes bash's ``$EPOCHREALTIME`` on entry and right before it exits, on every ho
 - removal: from the last host's exit to the exit of ``testbed exec``, which returns only
   after the topology, its processes and its directory are removed.
 
+The CPU time of ``testbed exec`` and every process it started (user + system) is
+recorded too: unlike the wall times it does not grow with the host's load.
 ``testbed exec`` writes its phases (``TESTBED_EXEC_TIMINGS``, ``testbed.tools.user_exec``
 rule 5), so each figure splits into: interpreter start and imports, building the
 network, starting the commands; waiting for them, removing. After every run the
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -62,12 +65,14 @@ def one_run(hosts: int, scratch: Path) -> dict[str, Any]:
     timings = scratch / "timings.json"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["TESTBED_EXEC_TIMINGS"] = str(timings)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     spawned = time.time_ns()
     proc = subprocess.run([sys.executable, "-m", "testbed", "exec", "fixed", "--hosts",
                            str(hosts), "--quiet", "--", "bash", "-c", COMMAND],
                           cwd=scratch, env=env, capture_output=True, text=True, timeout=120,
                           check=False)
     exited = time.time_ns()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise RuntimeError(f"testbed exec failed ({proc.returncode}): {proc.stderr[-2000:]}")
     starts = [_stamp_ns(scratch / f"start-a{i}") for i in range(hosts)]
@@ -90,6 +95,7 @@ def one_run(hosts: int, scratch: Path) -> dict[str, Any]:
         "launch_s": s(phases["commands_starting"], max(starts)),
         "teardown_s": s(phases["commands_ended"], phases["removed"]),
         "exit_s": s(phases["removed"], exited),
+        "cpu_s": (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime),
         "left_behind": left,
     }
 
@@ -106,7 +112,7 @@ def bench_exec(json_path: Path | None, console: Console, *, repeats: int = REPEA
             for _ in range(repeats):
                 runs.append(one_run(n, scratch))
     keys = ("start_s", "first_start_s", "removal_s", "imports_s", "build_s", "launch_s",
-            "teardown_s", "exit_s")
+            "teardown_s", "exit_s", "cpu_s")
     summary = {}
     for n in hosts:
         mine = [r for r in runs if r["hosts"] == n]
@@ -118,7 +124,7 @@ def bench_exec(json_path: Path | None, console: Console, *, repeats: int = REPEA
     table = Table(title="testbed exec: start and removal (seconds, median / max of "
                         f"{repeats}; load {load[0]:.1f})")
     for column in ("hosts", "start", "removal", "imports", "build", "launch", "teardown",
-                   "exit"):
+                   "exit", "CPU"):
         table.add_column(column, justify="right")
     for n in hosts:
         row = summary[str(n)]
