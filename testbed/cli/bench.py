@@ -13,11 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
-
-from rich.console import Console
+from typing import TYPE_CHECKING, Any
 
 from testbed.cli.common import console, counts, positive_int, require_namespaces, require_root
+
+if TYPE_CHECKING:  # rich is imported when a benchmark runs, not by every command
+    from rich.console import Console
 
 
 def write_json(path: Path | None, result: Any) -> None:
@@ -148,7 +149,7 @@ def _exec_args(b: argparse.ArgumentParser) -> None:
                    help="network sizes (default 2,8)")
 
 
-BenchRun = Callable[[argparse.Namespace, Console, "Path | None"], Any]
+BenchRun = Callable[[argparse.Namespace, "Console", "Path | None"], Any]
 
 
 @dataclass(frozen=True)
