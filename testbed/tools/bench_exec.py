@@ -11,8 +11,9 @@ writes bash's ``$EPOCHREALTIME`` on entry and right before it exits, on every ho
 - removal: from the last host's exit to the exit of ``testbed exec``, which returns only
   after the topology, its processes and its directory are removed.
 
-The CPU time of ``testbed exec`` and every process it started (user + system) is
-recorded too: unlike the wall times it does not grow with the host's load.
+The CPU time of ``testbed exec`` and every process it started (user + system), and the
+controller's own CPU time up to the end of its imports and of the build, are recorded
+too: unlike the wall times they do not grow with the host's load.
 ``testbed exec`` writes its phases (``TESTBED_EXEC_TIMINGS``, ``testbed.tools.user_exec``
 rule 5), so each figure splits into: interpreter start and imports, building the
 network, starting the commands; waiting for them, removing. After every run the
@@ -96,6 +97,8 @@ def one_run(hosts: int, scratch: Path) -> dict[str, Any]:
         "teardown_s": s(phases["commands_ended"], phases["removed"]),
         "exit_s": s(phases["removed"], exited),
         "cpu_s": (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime),
+        "imports_cpu_s": phases["main_cpu"],
+        "build_cpu_s": phases["network_built_cpu"] - phases["main_cpu"],
         "left_behind": left,
     }
 
@@ -112,7 +115,7 @@ def bench_exec(json_path: Path | None, console: Console, *, repeats: int = REPEA
             for _ in range(repeats):
                 runs.append(one_run(n, scratch))
     keys = ("start_s", "first_start_s", "removal_s", "imports_s", "build_s", "launch_s",
-            "teardown_s", "exit_s", "cpu_s")
+            "teardown_s", "exit_s", "cpu_s", "imports_cpu_s", "build_cpu_s")
     summary = {}
     for n in hosts:
         mine = [r for r in runs if r["hosts"] == n]
@@ -124,7 +127,7 @@ def bench_exec(json_path: Path | None, console: Console, *, repeats: int = REPEA
     table = Table(title="testbed exec: start and removal (seconds, median / max of "
                         f"{repeats}; load {load[0]:.1f})")
     for column in ("hosts", "start", "removal", "imports", "build", "launch", "teardown",
-                   "exit", "CPU"):
+                   "exit", "CPU", "imports CPU", "build CPU"):
         table.add_column(column, justify="right")
     for n in hosts:
         row = summary[str(n)]

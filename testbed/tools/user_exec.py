@@ -18,9 +18,10 @@ Rules:
    program and printed, program by program, when they have ended (``--stream``: live,
    each line prefixed with ``[label]``; ``--output DIR``: into ``DIR/<label>.out`` and
    ``.err``). The exit status is the session's (``testbed.net.session`` rule 5).
-5. With ``TESTBED_EXEC_TIMINGS=FILE`` the phases of the run (wall-clock nanoseconds:
-   command line entered, network built, first command started, commands ended,
-   everything removed) are written to FILE as JSON, for ``testbed bench exec``.
+5. With ``TESTBED_EXEC_TIMINGS=FILE`` the phases of the run (wall-clock nanoseconds and
+   this process's CPU seconds: command line entered, network built, first command
+   started, commands ended, everything removed) are written to FILE as JSON, for
+   ``testbed bench exec``.
 """
 
 from __future__ import annotations
@@ -141,6 +142,7 @@ def mark(phase: str) -> None:
     """Rule 5: note when PHASE was reached (only when asked for)."""
     if os.environ.get(TIMINGS_ENV):
         PHASES[phase] = time.time_ns()
+        PHASES[f"{phase}_cpu"] = time.process_time()  # this process's CPU seconds so far
 
 
 def write_timings() -> None:
