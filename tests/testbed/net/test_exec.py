@@ -128,6 +128,24 @@ def test_ping_reads_the_configured_round_trip(tmp_path: Path) -> None:
     assert_nothing_left(prefix_of(proc.stderr))
 
 
+def test_an_unshaped_host_and_per_host_congestion_control(tmp_path: Path) -> None:
+    """--unshaped s: c to s crosses only c's link, 2 x 20 ms; --cc a host's default."""
+    proc = run_testbed("exec", "fixed", "--delay-ms", "20", "--unshaped", "s", "--cc",
+                       "s=reno", "--on", "c", "--", "ping", "-c", "5", "-i", "0.2",
+                       "{addr:s}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    match = RTT.search(proc.stdout)
+    assert match, proc.stdout
+    assert float(match.group(1)) >= 39.5, proc.stdout
+    assert float(match.group(2)) <= 40 + 15, proc.stdout
+    assert_nothing_left(prefix_of(proc.stderr))
+    cc = run_testbed("exec", "fixed", "--host", "c", "--host", "s", "--cc", "s=reno", "--",
+                     "cat", "/proc/sys/net/ipv4/tcp_congestion_control", cwd=tmp_path)
+    assert cc.returncode == 0, cc.stderr
+    assert "== c (exit 0) ==\ncubic\n" in cc.stdout
+    assert "== s (exit 0) ==\nreno\n" in cc.stdout
+
+
 RECEIVER = """
 import json, socket, sys, time
 srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
