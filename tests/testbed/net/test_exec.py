@@ -93,6 +93,30 @@ def test_exec_runs_a_command_on_every_host_and_returns_its_status(tmp_path: Path
     assert one.returncode == 7, one.stderr
 
 
+LEAN = """
+import runpy, sys
+HEAVY = ("numpy", "pandas", "rich", "importlib.metadata")
+class Refuse:
+    def find_spec(self, name, path=None, target=None):
+        if name in HEAVY or name.split(".")[0] in HEAVY:
+            raise ImportError(f"testbed exec on a fixed network imported {name}")
+sys.meta_path.insert(0, Refuse())
+sys.argv = ["testbed", *sys.argv[1:]]
+runpy.run_module("testbed", run_name="__main__")
+"""
+
+
+def test_exec_on_a_fixed_network_loads_no_heavy_module(tmp_path: Path) -> None:
+    """The controller's imports are most of exec's start (docs/benchmarks.md): a fixed
+    network needs no trace arrays (numpy), no tables (pandas), no console (rich)."""
+    proc = subprocess.run([sys.executable, "-c", LEAN, "exec", "fixed", "--hosts", "2", "--",
+                           "true"], cwd=tmp_path, capture_output=True, text=True, timeout=180,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "== a1 (exit 0) ==" in proc.stdout
+    assert_nothing_left(prefix_of(proc.stderr))
+
+
 def test_a_python_http_server_and_client_over_att(tmp_path: Path) -> None:
     """Unchanged third-party programs: python's http.server and a urllib client, reached
     by address and by name, over the AT&T links."""
