@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
 from testbed.cli.common import (
     DEFAULT_RESULTS,
+    EXIT_UNITS_FAILED,
     console,
     directory,
     positive_int,
@@ -39,8 +41,10 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     import trio
 
-    from testbed.host.ledger import Ledger, clean_dead_runs, open_run_ledger, run_state_dir
+    from testbed.host.ledger import Ledger, clean_dead_runs, run_state_dir
+    from testbed.run.contract import RunSummary
     from testbed.run.episode import EpisodeRunner
+    from testbed.run.failures import FAILURES_LOG, contained_ledger, summary_line
     from testbed.run.loop import run_campaign
 
     if args.dry_run:
@@ -63,26 +67,30 @@ def cmd_run(args: argparse.Namespace) -> int:
         for item in clean_dead_runs(run_state_dir(), label=label):
             out_console.print(f"removed {item} (left by an interrupted run)")
 
-    async def main(ledger: Ledger) -> None:
+    async def main(ledger: Ledger) -> RunSummary:
         if cluster is None:
             runner = EpisodeRunner(campaign, workdir_root=workdir, backend=args.backend,
                                    ledger=ledger, link_log_dir=out / "links",
                                    shared_emulator=jobs > 1)
-            await run_campaign(campaign, out, resume=args.resume, extend=args.extend,
-                               jobs=jobs, runner=runner, console=out_console)
-            return
+            return await run_campaign(campaign, out, resume=args.resume, extend=args.extend,
+                                      jobs=jobs, runner=runner, console=out_console)
         from testbed.run.dask_engine import open_dask_engine
 
         async with open_dask_engine(cluster, backend=args.backend, workdir=workdir,
                                     allow_mixed_backends=mixed) as engine:
             await engine.survey(campaign)
-            await run_campaign(campaign, out, resume=args.resume, extend=args.extend,
-                               engine=engine, console=out_console)
+            return await run_campaign(campaign, out, resume=args.resume, extend=args.extend,
+                                      engine=engine, console=out_console)
 
-    with open_run_ledger(label) as ledger:
-        trio.run(main, ledger)
+    with contained_ledger(label) as (ledger, left):
+        summary = trio.run(main, ledger)
     out_console.print(f"results: {out}")
-    return 0
+    lines = [f"{summary_line(summary.failures)} (tracebacks: {out / FAILURES_LOG})"
+             ] if summary.failures else []
+    lines += [f"testbed run: {item}" for item in left]
+    for line in lines:
+        print(line, file=sys.stderr)
+    return EXIT_UNITS_FAILED if lines else 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
