@@ -152,7 +152,7 @@ case "$RUN/" in "$REPO"/*) ;; *) rwdirs+=(--rwdir "$RUN") ;; esac
 mv "$PYMAP" "$RUN/pyimg.map"
 # the guest starts with a fresh environment: hand over its switches explicitly
 guest_cmd=$(printf '%q ' env "VM_SMOKE=${VM_SMOKE:-1}" "VM_RTT=${VM_RTT:-1}" "VM_BENCH=${VM_BENCH:-0}" \
-  "VM_ALLOW_SKIP=${VM_ALLOW_SKIP:-0}" \
+  "VM_ALLOW_SKIP=${VM_ALLOW_SKIP:-0}" "VM_MAX_SKIPS=${VM_MAX_SKIPS:-2}" \
   bash "$REPO/scripts/vm-guest.sh" "$RUN" "$@")
 # Bytecode up front: every file the guest stats or reads crosses 9p (about 2 ms each).
 .venv/bin/python -m compileall -q testbed nodes protocols tests scripts >/dev/null 2>&1
@@ -210,7 +210,7 @@ if [ ! -s "$RUN/status" ]; then
   say "guest ended without a status (vng exit $vng_rc; timeout ${TIMEOUT}s?); see $RUN/console.log"
   exit 1
 fi
-read -r p s m t < <(sed -E 's/[a-z]+=//g' "$RUN/status")
+read -r p s m t _ < <(sed -E 's/[a-z]+=//g' "$RUN/status")
 say "status: $(cat "$RUN/status"); artifacts in $RUN"
 [ "$p" = 0 ] || exit "$p"
 [ "$s" = 0 ] && [ "$m" = 0 ] && [ "${t:-1}" = 0 ] || exit 1
