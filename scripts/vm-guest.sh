@@ -90,7 +90,7 @@ echo "calibrate exit $?"
 say "pytest -m netem $*"
 export TESTBED_CALIBRATION_LOG="$RUN/calibration-tests.jsonl"
 : >"$TESTBED_CALIBRATION_LOG"
-timed pytest_netem $PY -m pytest -m netem -p no:cacheprovider -v -rA \
+timed pytest_netem $PY -m pytest -m netem -p no:cacheprovider -v -rA --durations=12 \
   --junitxml="$RUN/pytest.xml" "$@"
 pytest_rc=$?
 if [ "$pytest_rc" = 5 ]; then

@@ -9,7 +9,7 @@
 #        passed); 77 with a one-line reason when this machine cannot boot a guest.
 # Env:   PLANFENCE_VM_CACHE (default /var/lib/planfence-vm: tools venv, kernel, debs),
 #        VM_OUT (run directory, default .vm/runs/<stamp>), VM_CPUS (2), VM_MEMORY (3G),
-#        VM_TIMEOUT (seconds for the whole guest, 2400), VM_KERNEL_PKG (a Debian
+#        VM_TIMEOUT (seconds for the whole guest, 3600), VM_KERNEL_PKG (a Debian
 #        linux-image-* package; default: what linux-image-amd64 depends on, or the one
 #        cached), VM_APPEND (extra guest kernel arguments), VM_SMOKE / VM_RTT / VM_BENCH /
 #        VM_ALLOW_SKIP (see scripts/vm-guest.sh).
@@ -27,7 +27,7 @@ CACHE=${PLANFENCE_VM_CACHE:-/var/lib/planfence-vm}
 VIRTME_NG_VERSION=1.42
 CPUS=${VM_CPUS:-2}
 MEMORY=${VM_MEMORY:-3G}
-TIMEOUT=${VM_TIMEOUT:-2400}
+TIMEOUT=${VM_TIMEOUT:-3600}
 
 [ "$(id -u)" = 0 ] || skip "needs root (apt-get, and the guest runs as the calling user)"
 [ "$(uname -m)" = x86_64 ] || skip "x86_64 only (Debian's amd64 kernel), this is $(uname -m)"
