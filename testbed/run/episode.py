@@ -331,6 +331,7 @@ class EpisodeRunner:
                                      owners=first_schedule.owners, ledger=ledger,
                                      congestion_control=topo.socket_congestion_control,
                                      startup_timeout_s=self.startup_timeout_s,
+                                     plugins=self.campaign.plugins,
                                      ) as team:
                     group = TeamGroup(topo, team, self.campaign,
                                       link_log_dir=self.link_log_dir)

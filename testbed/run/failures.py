@@ -41,7 +41,7 @@ from testbed.campaign.model import Cell, GroupKey
 from testbed.errors import HostError, UserError, one_line
 from testbed.host.ledger import Ledger, open_run_ledger
 from testbed.results.rundir import RunDir
-from testbed.run.contract import Group, Runner
+from testbed.run.contract import Group, Runner, RunSummary
 
 START_ATTEMPTS = 3
 """A unit's group is opened at most this many times in a row before its episodes are
@@ -203,3 +203,10 @@ def contained_ledger(label: str) -> Iterator[tuple[Ledger, list[str]]]:
         left.append(f"could not remove everything it made ({failure_reason(exc)}); what "
                     f"remains is recorded in {ledger_path.removesuffix(' (done)')} for "
                     "`testbed clean`")
+
+
+def ending_lines(summary: RunSummary) -> list[str]:
+    """What ``testbed run`` says last when units failed or things were left (rule 5)."""
+    lines = [f"{summary_line(summary.failures)} (tracebacks: "
+             f"{summary.out_dir / FAILURES_LOG})"] if summary.failures else []
+    return lines + [f"testbed run: {item}" for item in summary.left]

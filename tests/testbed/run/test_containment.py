@@ -18,6 +18,8 @@ import pandas as pd
 import pytest
 import trio
 
+from protocols.policies.planfence import PlanFence
+from protocols.policies.registry import register, unregister
 from testbed.campaign.parse import parse_campaign
 from testbed.host import kernel
 from testbed.host.processes import is_running
@@ -238,19 +240,29 @@ def _toml(raw: dict[str, Any]) -> str:
 # ------------------------------------------------------------------ on a dask cluster
 
 
+class _ControllerOnly(PlanFence):
+    """A policy registered in the controller's process alone (not a plugin)."""
+
+    name = "test_controller_only"
+
+
 @pytest.mark.slow
 async def test_failures_on_a_cluster_worker_are_contained(tmp_path: Path, hooks: Any) -> None:
     """A unit whose teardown fails on its worker and a worker that cannot rebuild the
     campaign (it lacks the controller's plugin policy): their episodes come back with
     the reason, and every other unit runs."""
     _root()
-    import tests.nodes.probe_policy  # noqa: F401  (registers test_probe here only)
     from testbed.run.dask_engine import open_dask_engine
 
     state = hooks(pin_control_dir={"agent": "a0", "times": 1})
     campaign = parse_campaign(TWO_GROUPS)
-    lacking = parse_campaign({**TWO_GROUPS, "name": "lacking", "templates": 1,
-                              "grid": {**TWO_GROUPS["grid"], "policy": ["test_probe"]}})
+    register(_ControllerOnly)  # in this process only: the worker cannot know it
+    try:
+        lacking = parse_campaign({**TWO_GROUPS, "name": "lacking", "templates": 1,
+                                  "grid": {**TWO_GROUPS["grid"],
+                                           "policy": [_ControllerOnly.name]}})
+    finally:
+        unregister(_ControllerOnly.name)
     async with open_dask_engine("local:1") as engine:
         try:
             summary = await run_campaign(campaign, tmp_path / "pinned", resume=False,
@@ -272,5 +284,5 @@ async def test_failures_on_a_cluster_worker_are_contained(tmp_path: Path, hooks:
     assert len(episodes) == 2  # one unit per group, each recorded
     for reason in episodes["abort_reason"]:
         assert reason.startswith("unit_failed: worker: CampaignError: "), reason
-        assert "test_probe" in reason
+        assert _ControllerOnly.name in reason
     assert [f.stage for f in lacked.failures] == ["worker", "worker"]
