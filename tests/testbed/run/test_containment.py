@@ -256,13 +256,6 @@ async def test_failures_on_a_cluster_worker_are_contained(tmp_path: Path, hooks:
 
     state = hooks(pin_control_dir={"agent": "a0", "times": 1})
     campaign = parse_campaign(TWO_GROUPS)
-    register(_ControllerOnly)  # in this process only: the worker cannot know it
-    try:
-        lacking = parse_campaign({**TWO_GROUPS, "name": "lacking", "templates": 1,
-                                  "grid": {**TWO_GROUPS["grid"],
-                                           "policy": [_ControllerOnly.name]}})
-    finally:
-        unregister(_ControllerOnly.name)
     async with open_dask_engine("local:1") as engine:
         try:
             summary = await run_campaign(campaign, tmp_path / "pinned", resume=False,
@@ -270,8 +263,15 @@ async def test_failures_on_a_cluster_worker_are_contained(tmp_path: Path, hooks:
         finally:
             for point in _fired(state, "pin_control_dir"):
                 await trio.run_process(["umount", point])
-        lacked = await run_campaign(lacking, tmp_path / "lacking", resume=False,
-                                    console=quiet(), engine=engine)
+        register(_ControllerOnly)  # in this process only: the worker cannot know it
+        try:
+            lacking = parse_campaign({**TWO_GROUPS, "name": "lacking", "templates": 1,
+                                      "grid": {**TWO_GROUPS["grid"],
+                                               "policy": [_ControllerOnly.name]}})
+            lacked = await run_campaign(lacking, tmp_path / "lacking", resume=False,
+                                        console=quiet(), engine=engine)
+        finally:
+            unregister(_ControllerOnly.name)
     assert len(_fired(state, "pin_control_dir")) == 1
     episodes = _episodes(tmp_path / "pinned")
     assert len(episodes) == 4
