@@ -90,8 +90,10 @@ echo "calibrate exit $?"
 say "pytest -m netem $*"
 export TESTBED_CALIBRATION_LOG="$RUN/calibration-tests.jsonl"
 : >"$TESTBED_CALIBRATION_LOG"
+# the files vm-test.sh found the netem tests in (none listed: collect the whole suite)
+mapfile -t netem_files <"$RUN/netem-files.txt" 2>/dev/null || netem_files=()
 timed pytest_netem $PY -m pytest -m netem -p no:cacheprovider -v -rA --durations=12 \
-  --junitxml="$RUN/pytest.xml" "$@"
+  --junitxml="$RUN/pytest.xml" "${netem_files[@]}" "$@"
 pytest_rc=$?
 if [ "$pytest_rc" = 5 ]; then
   echo "vm-guest: pytest collected no netem test; that is a broken checkout, not a pass"

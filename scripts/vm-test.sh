@@ -156,6 +156,12 @@ guest_cmd=$(printf '%q ' env "VM_SMOKE=${VM_SMOKE:-1}" "VM_RTT=${VM_RTT:-1}" "VM
   bash "$REPO/scripts/vm-guest.sh" "$RUN" "$@")
 # Bytecode up front: every file the guest stats or reads crosses 9p (about 2 ms each).
 .venv/bin/python -m compileall -q testbed nodes protocols tests scripts >/dev/null 2>&1
+# Which test files hold the netem tests, collected here: the guest then imports only
+# those (collecting the whole suite under TCG took 3-10 minutes beside a busy host).
+# An empty list (a collection error) leaves the guest to collect everything itself.
+.venv/bin/python -m pytest -m netem --collect-only -q -p no:cacheprovider "$@" 2>/dev/null |
+  awk -F:: '/::/ { print $1 }' | sort -u >"$RUN/netem-files.txt"
+say "netem tests in $(wc -l <"$RUN/netem-files.txt") files (collected on the host)"
 # The guest marks its TSC unstable and falls back to the emulated HPET, which makes every
 # clock_gettime a syscall (imports were ~3x slower); mitigations cost a lot under TCG.
 APPEND="tsc=reliable clocksource=tsc mitigations=off ${VM_APPEND:-}"
