@@ -6,7 +6,8 @@ Rules this module obeys (``testbed.run.units.run_unit`` applies them):
    timed out) is a measurement and no failure. A *unit failure* is anything else: the
    unit's topology or team did not start, an episode raised another error (a kernel
    or emulator error, a bug), the group's background work failed while an episode
-   ran, or tearing the group down failed.
+   ran, tearing the group down failed, or a cluster task raised on its worker
+   (stage ``worker``, ``testbed.run.dask_engine``).
 2. A group that does not start is opened again, up to :data:`START_ATTEMPTS` times in
    all (the node startup limit is measured again first, ``testbed.run.startup``).
    After the last attempt every pending episode of the unit is recorded as aborted
@@ -22,9 +23,12 @@ Rules this module obeys (``testbed.run.units.run_unit`` applies them):
    undone stays recorded in its ledger (``testbed.host.ledger``: an entry is dropped
    only once undone), so ``testbed clean`` removes it when the run has ended.
 5. Every unit failure is reported as a :class:`UnitFailure` (plain data: it crosses
-   process boundaries from a cluster worker); the campaign loop records them in the
-   manifest (``failures``) and ``testbed run`` ends with exit status 4 and a one-line
-   summary when there is any. Cancellation (Ctrl-C, a cluster's cancel) is never
+   process boundaries from a cluster worker); the campaign loop records each in the
+   manifest (the session's ``failures``) with its traceback in the run directory's
+   ``failures.log``, and ``testbed run`` ends with exit status 4 and a one-line
+   summary when any lost episodes or left host state (a start that a retry overcame
+   does not count). An error of the loop's own callbacks is the loop's, not the
+   unit's (:class:`CallbackError`). Cancellation (Ctrl-C, a cluster's cancel) is never
    contained: ``trio.Cancelled`` and ``KeyboardInterrupt`` are no ``Exception``.
 """
 
