@@ -9,14 +9,15 @@ Rules:
    timestamps): what the CPU allows, not the link (at most the 120 Mbit/s offered). A
    software-emulated CPU moves 9-23 Mbit/s this way depending on the host's other
    load; this machine's own, far more.
-2. It is measured several times; a :class:`Calibration` keeps every run. Its spread is
-   (max - min) / median of the runs.
+2. It is measured several times, right before and right after the check it serves; a
+   :class:`Calibration` keeps every run. Its spread is (max - min) / median.
 3. A shaped link of capacity C carries at most C x (1 + rel) whatever the machine
    (``ceiling_kbit``), and at least the smaller of C x (1 - rel) and what the guest
-   surely moves: median x (1 - BASE_MARGIN - SPREAD_FACTOR x spread) (``floor_kbit``).
+   surely moves: median x (1 - margin), margin = BASE_MARGIN + (median - slowest run)
+   / median (``floor_kbit``), i.e. the slowest run less BASE_MARGIN of the median.
    BASE_MARGIN is what a rate-limited path costs the sender beyond the unshaped one;
-   the rest of the margin comes from the calibration's own spread, never from a
-   constant tuned to pass.
+   the rest of the margin comes from the calibration's own spread (how far its
+   slowest run fell below its median), never from a constant tuned to pass.
 4. A rate is not testable when what the guest surely moves (the floor of rule 3 from
    its runs: lower when they spread, as when the machine's speed changed while it
    was measured) is below TESTABLE_FRACTION of it: the link would never run
@@ -43,7 +44,6 @@ from testbed.tools.udp_probe import udp_stream
 
 FULL_IP_BYTES = 1500
 BASE_MARGIN = 0.10
-SPREAD_FACTOR = 1.0
 TESTABLE_FRACTION = 0.5
 RUN_DATAGRAMS = 1500
 RUN_SKIP = 50  # the first arrivals are the stream's start, not its rate
@@ -71,7 +71,7 @@ class Calibration:
     @property
     def margin(self) -> float:
         """The share of the median a check does not demand (rule 3)."""
-        return BASE_MARGIN + SPREAD_FACTOR * self.spread
+        return BASE_MARGIN + (self.median_kbit - min(self.rates_kbit)) / self.median_kbit
 
     def guest_floor_kbit(self) -> float:
         return self.median_kbit * max(0.0, 1.0 - self.margin)

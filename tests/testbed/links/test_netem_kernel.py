@@ -443,21 +443,26 @@ async def test_a_backlog_leaves_when_capacity_returns(outage_then_capacity: Netw
     # the rate rises: the backend kicks it (testbed.host.qdisc rule 3)
     async with open_topology(outage_then_capacity, ["a", "b"], backend="netem") as topo:
         a, b = topo.hosts["a"], topo.hosts["b"]
-        origin = await topo.restart_trace()
-        await topo.clear_link_statistics()
-        seen = await trio.to_thread.run_sync(
-            lambda: _arrivals(a, b, 6, port=7600, send_at=origin + 0.3, timeout_s=4.0))
-        late_s = (await topo.link_statistics())["late_max_ms"] / 1000.0
-    after = sorted(t - origin for t in seen)
-    assert len(after) == 6, after
-    # physics: the outage holds them (a full bucket lets one frame through at once)
-    assert all(t >= 0.95 for t in after[1:]), after
+        for attempt in range(3):  # a busy host's load comes and goes
+            origin = await topo.restart_trace()
+            await topo.clear_link_statistics()
+            seen = await trio.to_thread.run_sync(
+                lambda p=7600 + attempt, o=origin: _arrivals(a, b, 6, port=p,
+                                                             send_at=o + 0.3,
+                                                             timeout_s=4.0))
+            late_s = (await topo.link_statistics())["late_max_ms"] / 1000.0
+            after = sorted(t - origin for t in seen)
+            assert len(after) == 6, after
+            # physics: the outage holds them (a full bucket lets one frame through)
+            assert all(t >= 0.95 for t in after[1:]), after
+            if late_s <= 0.5:
+                break
+        else:
+            pytest.skip(f"guest too slow to test the kick: the replay applied rate changes "
+                        f"up to {late_s * 1000:.0f} ms late; 3 attempts")
     # and they leave when capacity returns at 1.0 s, not 1.5 s later: as late as the
     # replay itself applied the change (its own record of lateness; a slow guest), plus
     # 0.45 s for the receiver to wake (wide: TCG)
-    if late_s > 0.5:
-        pytest.skip(f"guest too slow to test the kick: the replay applied rate changes up "
-                    f"to {late_s * 1000:.0f} ms late")
     assert after[-1] < 1.0 + late_s + 0.45, (after, late_s)
 
 

@@ -40,6 +40,11 @@ guest that is 9-23 Mbit/s depending on the host's other load, so a backlogged 12
 Mbit/s link is checked against min(capacity, that rate), never above its capacity."""
 
 
+ATTEMPTS = 3
+"""A check the machine was too slow for is made again, up to this often in all (a busy
+host's load comes and goes), before the test skips with the last reason."""
+
+
 async def calibrated(topo: Topology, runs: int) -> Calibration:
     a, b = topo.hosts[UNSHAPED[0]], topo.hosts[UNSHAPED[1]]
     cal: Calibration = await trio.to_thread.run_sync(lambda: measure(a, b, runs=runs))
@@ -109,25 +114,29 @@ async def test_a_user_trace_of_12_mbit_carries_12_mbit(tmp_path: Path, backend: 
     profile = NetworkProfile("own12", LinkSpec(up_trace=up, down_trace=down, delay_ms=2.0,
                                                queue_packets=3000))
     async with network(profile, backend, unshaped=True) as topo:
-        before = await calibrated(topo, runs=3)
-        await topo.restart_trace()
-        counters = await topo.link_counters()
-        # 2600 full datagrams per second for 1.5 s, 2.6 times the capacity, so the queue
-        # stays backlogged while they last even from a sender slowed down (a loaded
-        # host, a TCG guest); the calibration says how fast this machine sends at all
-        # warm_up: the bridge's ARP exchange first (the kernel keeps only ~90 full-size
-        # datagrams while it resolves; in a TCG guest it dropped 12 of this stream)
-        got = await stream(topo, "a", "b", count=3900, per_burst=26, interval_s=0.01,
-                           ip_bytes=FULL, warm_up=True)
-        after_counters = await topo.link_counters()
-        after = await calibrated(topo, runs=2)
-    # the queue holds the excess: the link drops nothing (its own count, on any machine)
-    assert after_counters["a"]["up_drops"] == counters["a"]["up_drops"]
-    assert after_counters["b"]["down_drops"] == counters["b"]["down_drops"]
-    rate = got.rate_kbit(FULL, skip=100)
-    untestable = check_rate(f"12mbit[{backend}]", rate, 12_000, 0.02, merged(before, after))
+        for attempt in range(ATTEMPTS):
+            before = await calibrated(topo, runs=3)
+            await topo.restart_trace()
+            counters = await topo.link_counters()
+            # 2600 full datagrams per second for 1.5 s, 2.6 times the capacity, so the
+            # queue stays backlogged while they last even from a sender slowed down (a
+            # loaded host, a TCG guest); the calibration says how fast this machine
+            # sends at all. warm_up: the bridge's ARP exchange first (the kernel keeps
+            # only ~90 full-size datagrams while it resolves; a TCG guest dropped 12)
+            got = await stream(topo, "a", "b", count=3900, per_burst=26, interval_s=0.01,
+                               ip_bytes=FULL, warm_up=True, port=9400 + attempt)
+            after_counters = await topo.link_counters()
+            after = await calibrated(topo, runs=2)
+            # the queue holds the excess: the link drops nothing (its own count)
+            assert after_counters["a"]["up_drops"] == counters["a"]["up_drops"]
+            assert after_counters["b"]["down_drops"] == counters["b"]["down_drops"]
+            rate = got.rate_kbit(FULL, skip=100)
+            untestable = check_rate(f"12mbit[{backend}]", rate, 12_000, 0.02,
+                                    merged(before, after))
+            if untestable is None:
+                break
     if untestable:
-        pytest.skip(untestable)
+        pytest.skip(f"{untestable}; {ATTEMPTS} attempts")
     # and a machine fast enough to test the rate also receives every datagram
     assert len(got.received) == 3900, (len(got.received), got.receiver_drops)
 
@@ -204,26 +213,28 @@ async def test_a_per_host_link_makes_the_directions_asymmetric(backend: str) -> 
                        queue_packets=5000)
     profile = NetworkProfile("asym", common, hosts=(("0", slow_up),))
     async with network(profile, backend, unshaped=True) as topo:
-        before = await calibrated(topo, runs=3)
-        # 1.5 x each direction's capacity for 2 s, full-size datagrams
-        a_to_b = await stream(topo, "a", "b", count=1000, per_burst=5, interval_s=0.01,
-                              ip_bytes=FULL, port=9403)
-        b_to_a = await stream(topo, "b", "a", count=6000, per_burst=30, interval_s=0.01,
-                              ip_bytes=FULL, port=9404)
-        after = await calibrated(topo, runs=2)
-    cal = merged(before, after)
-    ab, ba = a_to_b.rate_kbit(FULL, skip=50), b_to_a.rate_kbit(FULL, skip=200)
-    # a's uplink is the bottleneck one way; b's uplink and a's downlink (24 Mbit/s) the other
-    slow = check_rate(f"asym-3.3[{backend}]", ab, 3333.3, 0.05, cal)
-    fast = check_rate(f"asym-24[{backend}]", ba, 24_000, 0.05, cal)
-    # the direction and the ratio: the slow direction never carries more than its
-    # capacity, the other at least what this machine moves up to 24 Mbit/s
-    if cal.guest_floor_kbit() > cal.ceiling_kbit(3333.3, 0.05):
-        assert ab < ba, (ab, ba, cal.describe())
-    if not (slow or fast):
-        assert ba / ab >= cal.floor_kbit(24_000, 0.05) / cal.ceiling_kbit(3333.3, 0.05)
+        for attempt in range(ATTEMPTS):
+            before = await calibrated(topo, runs=3)
+            # 1.5 x each direction's capacity for 2 s, full-size datagrams
+            a_to_b = await stream(topo, "a", "b", count=1000, per_burst=5, interval_s=0.01,
+                                  ip_bytes=FULL, port=9410 + attempt)
+            b_to_a = await stream(topo, "b", "a", count=6000, per_burst=30,
+                                  interval_s=0.01, ip_bytes=FULL, port=9420 + attempt)
+            after = await calibrated(topo, runs=2)
+            cal = merged(before, after)
+            ab, ba = a_to_b.rate_kbit(FULL, skip=50), b_to_a.rate_kbit(FULL, skip=200)
+            # a's uplink is the bottleneck one way; b's uplink and a's downlink the other
+            slow = check_rate(f"asym-3.3[{backend}]", ab, 3333.3, 0.05, cal)
+            fast = check_rate(f"asym-24[{backend}]", ba, 24_000, 0.05, cal)
+            # the direction: the slow one never carries more than its capacity, the
+            # other at least what this machine surely moves
+            if cal.guest_floor_kbit() > cal.ceiling_kbit(3333.3, 0.05):
+                assert ab < ba, (ab, ba, cal.describe())
+            if not (slow or fast):
+                break
     if slow or fast:
-        pytest.skip(slow or fast or "")
+        pytest.skip(f"{slow or fast}; {ATTEMPTS} attempts")
+    assert ba / ab >= cal.floor_kbit(24_000, 0.05) / cal.ceiling_kbit(3333.3, 0.05)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -236,20 +247,23 @@ async def test_a_droptail_bound_of_n_packets_drops_the_next_of_a_burst(
     bounded = LinkSpec(up_trace=up, down_trace=down, delay_ms=1.0, queue_packets=n)
     profile = NetworkProfile("bounded", LinkSpec(delay_ms=1.0), hosts=(("0", bounded),))
     async with network(profile, backend) as topo:
-        before = await topo.link_counters()
-        origin = await topo.restart_trace()
-        got = await stream(topo, "a", "b", count=15, per_burst=15, ip_bytes=FULL,
-                           settle_s=4.0, port=9405)
-        after = await topo.link_counters()
-    # the burst must reach the queue at once and inside the outage: a sender that took
-    # longer would meet a queue that a leak or an opportunity had already drained (the
-    # netem backend's zero-rate floor lets a frame through every 1.5 s)
-    burst_s = got.send_times[-1] - got.send_times[0]
-    late_s = got.send_times[-1] - origin
-    if burst_s > 1.0 or late_s > 2.5:
-        pytest.skip(f"guest too slow to test a queue bound: its burst of 15 took "
-                    f"{burst_s:.2f} s and ended {late_s:.2f} s into a 3 s outage (at most "
-                    "1.0 s and 2.5 s)")
+        for attempt in range(ATTEMPTS):
+            before = await topo.link_counters()
+            origin = await topo.restart_trace()
+            got = await stream(topo, "a", "b", count=15, per_burst=15, ip_bytes=FULL,
+                               settle_s=4.0, port=9430 + attempt)
+            after = await topo.link_counters()
+            # the burst must reach the queue at once and inside the outage: a sender
+            # that took longer would meet a queue that a leak or an opportunity had
+            # drained (the netem backend's zero-rate floor lets a frame by every 1.5 s)
+            burst_s = got.send_times[-1] - got.send_times[0]
+            late_s = got.send_times[-1] - origin
+            if burst_s <= 1.0 and late_s <= 2.5:
+                break
+        else:
+            pytest.skip(f"guest too slow to test a queue bound: its burst of 15 took "
+                        f"{burst_s:.2f} s and ended {late_s:.2f} s into a 3 s outage (at "
+                        f"most 1.0 s and 2.5 s); {ATTEMPTS} attempts")
     received = sorted(got.received)
     if backend == "userspace":
         assert received == list(range(n))  # the (N+1)th and every later one dropped
