@@ -215,10 +215,12 @@ async def test_a_per_host_link_makes_the_directions_asymmetric(backend: str) -> 
     async with network(profile, backend, unshaped=True) as topo:
         for attempt in range(ATTEMPTS):
             before = await calibrated(topo, runs=3)
-            # 1.5 x each direction's capacity for 2 s, full-size datagrams
-            a_to_b = await stream(topo, "a", "b", count=1000, per_burst=5, interval_s=0.01,
+            # 3.6 and 2.5 times each direction's capacity, full-size datagrams: the queue
+            # builds fast and stays backlogged through a stalled sender (a starved guest
+            # sending 1.5 times the capacity let a 3.3 Mbit/s link idle: 2.5 Mbit/s)
+            a_to_b = await stream(topo, "a", "b", count=1000, per_burst=10, interval_s=0.01,
                                   ip_bytes=FULL, port=9410 + attempt)
-            b_to_a = await stream(topo, "b", "a", count=6000, per_burst=30,
+            b_to_a = await stream(topo, "b", "a", count=6000, per_burst=50,
                                   interval_s=0.01, ip_bytes=FULL, port=9420 + attempt)
             after = await calibrated(topo, runs=2)
             cal = merged(before, after)
