@@ -82,10 +82,13 @@ def run(campaign: Campaign, out: str | Path, *, resume: bool = False, extend: bo
 
     The run holds lanes of the host's budget (``host_lanes``, default 8 per CPU;
     docs/campaigns.md, "Host-wide lanes") beside other runs on this host; a run into
-    the repository's results/ needs a committed checkout unless ``allow_dirty``."""
+    the repository's results/ needs a committed checkout unless ``allow_dirty``. Units that fail are
+    contained (testbed.run.failures): the summary's ``failures`` lists them and ``left``
+    says what could not be removed at the end."""
     from testbed.host.lanes import HostLanes
-    from testbed.host.ledger import Ledger, clean_dead_runs, open_run_ledger, run_state_dir
+    from testbed.host.ledger import Ledger, clean_dead_runs, run_state_dir
     from testbed.run.episode import EpisodeRunner
+    from testbed.run.failures import contained_ledger
     from testbed.run.loop import run_campaign
 
     out = Path(out)
@@ -112,9 +115,9 @@ def run(campaign: Campaign, out: str | Path, *, resume: bool = False, extend: bo
                                               jobs=lanes, runner=runner, console=printer,
                                               host=host, allow_dirty=allow_dirty))
 
-    with open_run_ledger(label) as ledger:
+    with contained_ledger(label) as (ledger, left):  # a teardown error: in summary.left
         trio.run(main, ledger)
-    return summary[0]
+    return replace(summary[0], left=tuple(left))
 
 
 def _run_dir(run_dir: str | Path) -> Path:

@@ -133,6 +133,25 @@ def _transfer_args(b: argparse.ArgumentParser) -> None:
                    help="transfers per payload size and loss rate (default 20)")
 
 
+def _calibrate(args: argparse.Namespace, out: Console, json_path: Path | None) -> Any:
+    import trio
+
+    require_namespaces("bench calibrate")
+    from testbed.tools.calibrate import calibrate
+
+    cal = trio.run(partial(calibrate, args.backend, runs=args.runs))
+    result = {"backend": args.backend, **cal.as_dict()}
+    out.print(f"calibrate {args.backend}: {cal.describe()}")
+    write_json(json_path, result)
+    return _unless_written(json_path, result)
+
+
+def _calibrate_args(b: argparse.ArgumentParser) -> None:
+    _link_args(b)
+    b.add_argument("--runs", type=positive_int, default=5, metavar="N",
+                   help="streams to measure (default 5)")
+
+
 BenchRun = Callable[[argparse.Namespace, Console, "Path | None"], Any]
 
 
@@ -152,6 +171,9 @@ BENCHES: tuple[Bench, ...] = (
     Bench("limits", "the primary grid's peak connections, objects and installs against the "
                     "node limits", _limits, _limits_args),
     Bench("lanes", "AT&T episodes at 1-16 lanes and on a LocalCluster", _lanes, _lanes_args),
+    Bench("calibrate", "how fast this machine moves full-size datagrams over an unshaped "
+                       "link (what rate checks may demand of it)", _calibrate,
+          _calibrate_args),
     Bench("transfer", "one fresh authenticated transfer against payload and loss on a wired, "
                       "an LTE and a LEO-like network (fig. C.1)", _transfer, _transfer_args),
 )

@@ -220,7 +220,7 @@ class Ledger:
 
     def _save(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
+        tmp = self.path.with_suffix(f".{os.getpid()}.tmp")  # one per writing process
         body = {
             "prefix": self.prefix,
             "owner_pid": self.owner_pid,
@@ -381,6 +381,22 @@ def clean_dead_runs(state_dir: Path, *, label: str | None = None) -> list[str]:
     first_error: BaseException | None = None
     if not state_dir.is_dir():
         return removed
+    # Cleaners of one host take turns (`clean`, --resume and every dask worker that
+    # starts clean dead runs): two tearing one ledger down at once raced on its file.
+    lock = os.open(state_dir / "clean.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        first_error = _clean_dead(state_dir, label, removed)
+    finally:
+        os.close(lock)
+    if first_error is not None:
+        raise first_error
+    return removed
+
+
+def _clean_dead(state_dir: Path, label: str | None, removed: list[str]
+                ) -> BaseException | None:
+    first_error: BaseException | None = None
     for path in sorted(state_dir.glob("tb*.json")):
         try:
             ledger = Ledger.load(path)
@@ -395,9 +411,7 @@ def clean_dead_runs(state_dir: Path, *, label: str | None = None) -> list[str]:
             continue
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
-    if first_error is not None:
-        raise first_error
-    return removed
+    return first_error
 
 
 @contextlib.contextmanager

@@ -100,9 +100,12 @@ def _campaign(kind: str, trials: int, seed: int) -> dict[str, Any]:
                      "keys": [6], "agents": [3], "connection": ["reuse"], "units": [12]}}
 
 
-def _files() -> set[str]:
-    tmp = Path(tempfile.gettempdir())
-    return {str(p) for pat in ("planfence-tb*", "pft-ctl-tb*") for p in tmp.glob(pat)}
+def _files(prefixes: set[str], root: Path | None = None) -> set[str]:
+    """Temporary directories of the runs with these ledger prefixes still there (never
+    another run's: other sessions on the host run campaigns meanwhile)."""
+    tmp = root or Path(tempfile.gettempdir())
+    return {str(p) for prefix in prefixes for kind in ("planfence", "pft-ctl")
+            for p in tmp.glob(f"{kind}-{prefix}*")}
 
 
 def _namespaces_of(prefixes: set[str]) -> int:
@@ -144,7 +147,8 @@ def _count(kind: str, episodes: pd.DataFrame, expected_keys: set[str]) -> dict[s
 
 
 async def _in_process(kind: str, trials: int, seed: int, scratch: Path,
-                      disk_root: Path | None) -> tuple[dict[str, Any], int, int, int]:
+                      disk_root: Path | None, prefixes: set[str],
+                      ) -> tuple[dict[str, Any], int, int, int]:
     campaign = parse_campaign(_campaign(kind, trials, seed), source=f"faults:{kind}")
     inject: Injector
     after = None
@@ -163,6 +167,7 @@ async def _in_process(kind: str, trials: int, seed: int, scratch: Path,
         inject = link_fault(kind, seconds=seconds, rate=1.0 if kind == "partition" else 0.3)
     out = scratch / kind
     with open_run_ledger(str(out)) as ledger:
+        prefixes.add(ledger.prefix)
         runner = FaultRunner(EpisodeRunner(campaign, workdir_root=disk_root, ledger=ledger,
                                            backend="userspace" if kind in LINK_KINDS
                                            else None),
@@ -189,12 +194,18 @@ def _controller_kill(trials: int, seed: int, scratch: Path) -> dict[str, Any]:
         toml = scratch / f"controller-{trial}.toml"
         toml.write_text(_toml(raw))
         cmd = [sys.executable, "-m", "testbed", "run", str(toml), "--out", str(out)]
-        child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # a temporary root of its own: what the killed and the resumed run leave there is
+        # theirs alone (files_left), whatever else runs on the host
+        tmp = scratch / f"controller-{trial}-tmp"
+        tmp.mkdir()
+        env = {**os.environ, "TMPDIR": str(tmp)}
+        child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                 env=env)
         time.sleep(rng.uniform(1.5, 4.0))  # python start-up, group, a few episodes
         child.kill()
         child.wait()
         pids = _recorded_processes(out)  # the killed run's nodes; --resume must stop them
-        resumed = subprocess.run([*cmd, "--resume"], capture_output=True, text=True,
+        resumed = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, env=env,
                                  timeout=300, check=False)
         if resumed.returncode != 0:
             raise HostError(f"faults controller_kill: --resume failed: "
@@ -208,6 +219,7 @@ def _controller_kill(trials: int, seed: int, scratch: Path) -> dict[str, Any]:
             totals[key] += int(counts[key])
         reasons.update(counts["reasons"])
         totals["processes_left"] += sum(1 for pid, ticks in pids if is_running(pid, ticks))
+        totals["files_left"] += len(_files({"tb"}, tmp))  # every run there is this trial's
         if not actions.empty:  # each action once, and PlanFence never releases invalid
             totals["duplicated"] += int(actions.duplicated(["episode", "action"]).sum())
             totals["wrongly_judged"] += int(actions["invalid"].sum())
@@ -215,7 +227,7 @@ def _controller_kill(trials: int, seed: int, scratch: Path) -> dict[str, Any]:
             "aborted_right_reason": 0, "lost": totals["lost"],
             "duplicated": totals["duplicated"], "wrongly_judged": totals["wrongly_judged"],
             "reasons": dict(reasons), "episodes": expected_total,
-            "processes_left": totals["processes_left"]}
+            "processes_left": totals["processes_left"], "files_left": totals["files_left"]}
 
 
 def _recorded_processes(out: Path) -> list[tuple[int, int | None]]:
@@ -285,23 +297,23 @@ def _run_kinds(kinds: Sequence[str], trials: int, seed: int, scratch: Path,
     results = []
     for kind in kinds:
         console.print(f"[bold]{kind}[/]: {trials} trials")
-        files0 = _files()
         started = time.monotonic()
         live = rejections = namespaces = 0  # controller_kill runs on loopback: no netns
+        prefixes: set[str] = set()  # the run ledgers of this kind (in this process)
         if kind == "controller_kill":
             counts = _controller_kill(trials, seed, scratch)
             live = int(counts["processes_left"])
         else:
             counts, live, namespaces, rejections = trio.run(
                 _in_process, kind, trials, seed, scratch,
-                disk_root if kind == "disk_full" else None)
-        files1 = _files()
+                disk_root if kind == "disk_full" else None, prefixes)
+            counts["files_left"] = len(_files(prefixes))
         result = KindResult(
             kind=kind, trials=counts["trials"], completed=counts["completed"],
             aborted=counts["aborted"], aborted_right_reason=counts["aborted_right_reason"],
             lost=counts["lost"], duplicated=counts["duplicated"],
             wrongly_judged=counts["wrongly_judged"], processes_left=live,
-            namespaces_left=namespaces, files_left=len(files1 - files0),
+            namespaces_left=namespaces, files_left=counts["files_left"],
             wall_s=round(time.monotonic() - started, 1), reasons=counts["reasons"])
         if rejections:
             result.reasons["channel rejections (connections)"] = rejections
