@@ -46,6 +46,7 @@ from protocols.identity import CENTRAL_ID, Identity, Member, Roster
 from testbed.errors import RunFailure
 from testbed.host.ledger import Ledger
 from testbed.host.processes import is_running
+from testbed.run.liveness import watch_pings
 
 log = logging.getLogger("testbed.run.team")
 
@@ -272,13 +273,39 @@ class Team:
         return found[0] if found else None
 
     async def watch_liveness(self, *, timeout_s: float) -> None:
-        """Ping every node every ``timeout_s / 4``; raise NodeUnresponsive for the first
-        that stays silent for ``timeout_s``. Runs until cancelled."""
-        while True:
-            frozen = await self.unresponsive(timeout_s=timeout_s)
-            if frozen is not None:
-                raise frozen
-            await trio.sleep(timeout_s / 4)
+        """Watch every node on its own heartbeat connection until cancelled; raise
+        NodeUnresponsive for the first whose ping stays unanswered too long
+        (testbed/run/liveness.py: any freeze longer than ``timeout_s`` is caught)."""
+        found: list[NodeUnresponsive] = []
+
+        async def one(node: _Node, cancel: trio.CancelScope) -> None:
+            overdue = await watch_pings(partial(self._ping, node), timeout_s=timeout_s)
+            if overdue is None or (node.process is not None
+                                   and node.process.poll() is not None):
+                return  # it died: NodeDied's business, not a frozen node
+            node.unresponsive = True
+            found.append(NodeUnresponsive(node.agent, overdue.describe()))
+            cancel.cancel()
+
+        async with trio.open_nursery() as nursery:
+            for node in self._nodes.values():
+                if node.heartbeat is not None and node.returncode is None:
+                    nursery.start_soon(one, node, nursery.cancel_scope)
+        if found:
+            raise found[0]
+        await trio.sleep_forever()  # every node is gone: nothing left to watch
+
+    @staticmethod
+    async def _ping(node: _Node) -> bool:
+        """One ping on the heartbeat connection; False if the node is gone."""
+        if node.heartbeat is None or node.returncode is not None:
+            return False
+        try:
+            await node.heartbeat.request("ping")
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError,
+                RemoteProtocolError):
+            return False
+        return True
 
     async def counters(self) -> dict[str, dict[str, int]]:
         replies = await self._each(lambda n: self.call(n.agent, "counters"))
