@@ -59,8 +59,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                         "(--jobs), not on a cluster; drop --cluster or link_log")
     out_console = console()
     label = str(Path(out).absolute())
-    if args.resume or args.extend:  # what a killed run on this directory left behind
-        for item in clean_dead_runs(run_state_dir(), label=label):
+    if args.resume or args.extend:  # what a killed run (this one's, or any) left behind
+        for item in clean_dead_runs(run_state_dir()):
             out_console.print(f"removed {item} (left by an interrupted run)")
 
     async def main(ledger: Ledger) -> None:
