@@ -9,14 +9,18 @@ Rules of this module:
    catches every freeze longer than ``timeout_s``: a freeze that starts right after an
    answer meets the next ping ``interval_s`` later and holds it for the rest of the
    freeze, more than ``timeout_s - interval_s``; a freeze that starts while a ping is
-   waiting holds that ping for all of it. (Only the controller's own lateness, in
-   reading an answer or in sending the next ping, is added to what it can miss.)
-   A healthy node answers a ping in well under a millisecond, so it is misjudged only
-   if it cannot answer for ``answer_within_s`` (0.9 of the timeout).
-3. A ping is overdue either when its deadline passes, or when its answer arrives after
-   the deadline (a loaded controller may see the answer before its own timer): both
-   are the same verdict, so a freeze that ends just after the deadline is never
-   recorded as a slow action.
+   waiting holds that ping for all of it. A healthy node answers a ping in well under
+   a millisecond, so it is misjudged only if it cannot answer for ``answer_within_s``
+   (0.9 of the timeout).
+3. The node stamps each answer with the time it handled the ping (CLOCK_MONOTONIC is
+   system wide): a ping is overdue when the node handled it more than
+   ``answer_within_s`` after it was sent, so a controller that reads the answer late
+   (a loaded host) never makes a live node look frozen, and a freeze that ends just
+   after the deadline is still judged a freeze (its stamp is late), never a slow
+   action.
+4. While no answer has come, the ping is overdue at its deadline; if the controller
+   itself woke up late for that deadline, the node gets as much longer (and at least
+   ``GRACE_S``) to show that it answered in time (rule 3 still judges the answer).
 
 The earlier loop pinged every node, waited for every answer, then slept
 ``timeout_s / 4``: a freeze that began just after an answer met the next ping a
@@ -26,12 +30,14 @@ their time was measured as stall.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import trio
 
 PINGS_PER_TIMEOUT = 10
+GRACE_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -63,19 +69,48 @@ class Overdue:
                 f"{self.schedule.timeout_s:g} s)")
 
 
-async def watch_pings(ping: Callable[[], Awaitable[bool]], *, timeout_s: float
-                      ) -> Overdue | None:
-    """Ping until cancelled (rules 1-3); returns the first overdue ping, or None when
-    ``ping`` says the node is gone (returns False: a dead node is not a frozen one)."""
+#: One ping: the node's time (on ``clock``) at which it handled it, or None if the node
+#: is gone (a dead node is not a frozen one).
+Ping = Callable[[], Awaitable[float | None]]
+
+
+async def watch_pings(ping: Ping, *, timeout_s: float,
+                      clock: Callable[[], float] = time.monotonic) -> Overdue | None:
+    """Ping until cancelled (rules 1-4); returns the first overdue ping, or None when
+    the node is gone."""
     schedule = PingSchedule.for_timeout(timeout_s)
+    found: list[Overdue | None] = []
+    async with trio.open_nursery() as nursery:  # the pings in flight
+        found.append(await _watch(ping, schedule, clock, nursery))
+        nursery.cancel_scope.cancel()
+    return found[0]
+
+
+async def _watch(ping: Ping, schedule: PingSchedule, clock: Callable[[], float],
+                 nursery: trio.Nursery) -> Overdue | None:
+    within = schedule.answer_within_s
+
+    async def one(stamps: list[float | None], answered: trio.Event) -> None:
+        stamps.append(await ping())
+        answered.set()
+
     while True:
-        sent = trio.current_time()
-        alive = True
-        with trio.move_on_at(sent + schedule.answer_within_s) as deadline:
-            alive = await ping()
-        waited = trio.current_time() - sent
-        if deadline.cancelled_caught or waited > schedule.answer_within_s:
-            return Overdue(waited, schedule)
-        if not alive:
+        sent = clock()
+        stamps: list[float | None] = []
+        answered = trio.Event()
+        nursery.start_soon(one, stamps, answered)
+        deadline = trio.current_time() + within
+        with trio.move_on_at(deadline):
+            await answered.wait()
+        if not answered.is_set():  # rule 4
+            late = trio.current_time() - deadline
+            with trio.move_on_after(max(late, GRACE_S)):
+                await answered.wait()
+        if not answered.is_set():
+            return Overdue(clock() - sent, schedule)
+        stamp = stamps[0]
+        if stamp is None:
             return None
+        if stamp - sent > within:  # rule 3
+            return Overdue(stamp - sent, schedule)
         await trio.sleep(schedule.interval_s)

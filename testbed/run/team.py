@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -296,16 +297,18 @@ class Team:
         await trio.sleep_forever()  # every node is gone: nothing left to watch
 
     @staticmethod
-    async def _ping(node: _Node) -> bool:
-        """One ping on the heartbeat connection; False if the node is gone."""
+    async def _ping(node: _Node) -> float | None:
+        """One ping on the heartbeat connection: when the node handled it (monotonic
+        seconds, its own stamp), None if the node is gone."""
         if node.heartbeat is None or node.returncode is not None:
-            return False
+            return None
         try:
-            await node.heartbeat.request("ping")
+            reply = await node.heartbeat.request("ping")
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError,
                 RemoteProtocolError):
-            return False
-        return True
+            return None
+        stamp = reply.get("t_ns")
+        return stamp / 1e9 if isinstance(stamp, int) else time.monotonic()
 
     async def counters(self) -> dict[str, dict[str, int]]:
         replies = await self._each(lambda n: self.call(n.agent, "counters"))

@@ -239,15 +239,16 @@ def _watch_a_freeze(start_s: float, freeze_s: float, timeout_s: float) -> float 
     time at which the freeze was found, None if not within ``start_s + 5 timeouts``."""
     found: list[float] = []
 
-    async def ping() -> bool:
+    async def ping() -> float:
         now = trio.current_time()
         if start_s <= now < start_s + freeze_s:
             await trio.sleep_until(start_s + freeze_s)
-        return True
+        return trio.current_time()  # the node's stamp: when it handled the ping
 
     async def main() -> None:
         with trio.move_on_after(start_s + 5 * timeout_s):
-            if await watch_pings(ping, timeout_s=timeout_s) is not None:
+            if await watch_pings(ping, timeout_s=timeout_s,
+                                 clock=trio.current_time) is not None:
                 found.append(trio.current_time())
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
@@ -271,3 +272,33 @@ def test_a_pause_shorter_than_the_answer_bound_is_not_a_freeze() -> None:
     for i in range(20):
         start_s = 10.0 + i * schedule.interval_s / 10
         assert _watch_a_freeze(start_s, 0.99 * schedule.answer_within_s, timeout_s) is None
+
+
+@pytest.mark.parametrize("starved_before_reading", [True, False])
+def test_a_controller_that_was_starved_does_not_judge_a_live_node_frozen(
+        starved_before_reading: bool) -> None:
+    """The node handles every ping at once; once, the controller process gets no CPU for
+    3 timeouts right after the node answered (virtual time jumps), the answer still in
+    its socket, either before it could read it or across its own deadline: the node's
+    stamp shows that it answered in time."""
+    timeout_s = 1.0
+    pings: list[float] = []
+
+    async def ping() -> float:
+        handled = trio.current_time()
+        pings.append(handled)
+        if len(pings) == 5:
+            clock = trio.lowlevel.current_clock()
+            assert isinstance(clock, trio.testing.MockClock)
+            clock.jump(3 * timeout_s)  # nothing of this process runs meanwhile
+            if not starved_before_reading:
+                await trio.sleep(0.01)  # the answer is read after the deadline fired
+        return handled
+
+    async def main() -> None:
+        with trio.move_on_after(10 * timeout_s):
+            overdue = await watch_pings(ping, timeout_s=timeout_s, clock=trio.current_time)
+            raise AssertionError(f"judged frozen: {overdue}")
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert len(pings) > 20  # it went on pinging after the late answer
