@@ -15,7 +15,8 @@ plus the connection limits of ``nodes/limits.py``:
 8. A ``sync_handler`` (the node's) is answered inline by the connection's reader: no
    task per request, and the answer is written before the next frame is read, unless
    the socket or a frame still going out holds it back (then a task sends it, and
-   counts against ``max_in_flight`` as a running request does).
+   counts against ``max_in_flight`` as a running request does, and the reader yields
+   to the rest of the node before the next request).
 9. Bytes held for peers are bounded (``nodes/holdings.py``): the partial frames of
    connections that have not yet sent an authenticated frame, per source address
    (``pre_auth_bytes_per_source``; past it the source's oldest such connection is
@@ -370,6 +371,12 @@ class DataPlaneServer:
                             queue(len(body), framed.send_sealed, session, body)
                         elif framed.unsent:
                             queue(framed.unsent_bytes, framed.flush)
+                        else:
+                            continue
+                        # An answer waits on the peer: let the rest of the node run before
+                        # the next request (pipelined requests of a peer that does not
+                        # read must not hold the node's loop, its pings included).
+                        await trio.lowlevel.checkpoint()
                 if idle.cancelled_caught:
                     timed_out = True
                     nursery.cancel_scope.cancel()
