@@ -12,8 +12,9 @@ Rules of this module:
    flood of closes), and only then: an honest connection holds nothing at its end, so
    the measured path never pays for it.
 3. A fixed, low mmap threshold would return such buffers too, but would put every
-   large honest buffer (an artifact record, ~300 KiB) on fresh pages: it doubled the
-   latency of a 300 KiB fetch on loopback. Not done.
+   large honest buffer (an artifact record, ~300 KiB) on fresh pages: the p50 of a
+   300 KiB fetch on loopback went from 8.5-9.2 ms to 17.8-21.4 ms (two runs each on
+   this loaded host). Not done.
 4. Where there is no glibc (no ``malloc_trim``) nothing is done.
 """
 
