@@ -21,6 +21,9 @@ Rules of this module:
 4. While no answer has come, the ping is overdue at its deadline; if the controller
    itself woke up late for that deadline, the node gets as much longer (and at least
    ``GRACE_S``) to show that it answered in time (rule 3 still judges the answer).
+5. A node that is gone (its heartbeat connection broke, its process exited) is not
+   frozen: that is ``NodeDied``'s business (testbed/run/team.py); :func:`watch_all`
+   stops watching it and goes on with the others.
 
 The earlier loop pinged every node, waited for every answer, then slept
 ``timeout_s / 4``: a freeze that began just after an answer met the next ping a
@@ -31,10 +34,13 @@ their time was measured as stall.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import trio
+
+from nodes.control import ControlClient
+from protocols.errors import RemoteProtocolError
 
 PINGS_PER_TIMEOUT = 10
 GRACE_S = 0.05
@@ -114,3 +120,43 @@ async def _watch(ping: Ping, schedule: PingSchedule, clock: Callable[[], float],
         if stamp - sent > within:  # rule 3
             return Overdue(stamp - sent, schedule)
         await trio.sleep(schedule.interval_s)
+
+
+@dataclass(frozen=True)
+class Watched:
+    """A node to watch: its heartbeat connection, and whether its process has exited."""
+
+    agent: str
+    heartbeat: ControlClient
+    exited: Callable[[], bool]
+
+
+async def ping_stamp(heartbeat: ControlClient) -> float | None:
+    """One ping: when the node handled it (its own stamp, monotonic seconds), None if
+    the node is gone."""
+    try:
+        reply = await heartbeat.request("ping")
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError,
+            RemoteProtocolError):
+        return None
+    stamp = reply.get("t_ns")
+    return stamp / 1e9 if isinstance(stamp, int) else time.monotonic()
+
+
+async def watch_all(nodes: Sequence[Watched], *, timeout_s: float) -> tuple[str, Overdue]:
+    """Watch every node on its own (rule 1) until one is frozen: returns it and its
+    overdue ping. Runs until cancelled while none is (rule 5 for nodes that are gone)."""
+    found: list[tuple[str, Overdue]] = []
+
+    async def one(node: Watched, cancel: trio.CancelScope) -> None:
+        overdue = await watch_pings(lambda: ping_stamp(node.heartbeat), timeout_s=timeout_s)
+        if overdue is not None and not node.exited():
+            found.append((node.agent, overdue))
+            cancel.cancel()
+
+    async with trio.open_nursery() as nursery:
+        for node in nodes:
+            nursery.start_soon(one, node, nursery.cancel_scope)
+    if not found:
+        await trio.sleep_forever()  # every node is gone: nothing left to watch
+    return found[0]

@@ -27,7 +27,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -47,7 +46,7 @@ from protocols.identity import CENTRAL_ID, Identity, Member, Roster
 from testbed.errors import RunFailure
 from testbed.host.ledger import Ledger
 from testbed.host.processes import is_running
-from testbed.run.liveness import watch_pings
+from testbed.run.liveness import Watched, watch_all
 
 log = logging.getLogger("testbed.run.team")
 
@@ -120,6 +119,10 @@ def _source_root() -> str:
 def _make_dirs(*paths: Path) -> None:
     for path in paths:
         path.mkdir(parents=True, exist_ok=True)
+
+
+def _exited(node: _Node) -> bool:
+    return node.process is not None and node.process.poll() is not None
 
 
 @dataclass
@@ -274,41 +277,14 @@ class Team:
         return found[0] if found else None
 
     async def watch_liveness(self, *, timeout_s: float) -> None:
-        """Watch every node on its own heartbeat connection until cancelled; raise
-        NodeUnresponsive for the first whose ping stays unanswered too long
-        (testbed/run/liveness.py: any freeze longer than ``timeout_s`` is caught)."""
-        found: list[NodeUnresponsive] = []
-
-        async def one(node: _Node, cancel: trio.CancelScope) -> None:
-            overdue = await watch_pings(partial(self._ping, node), timeout_s=timeout_s)
-            if overdue is None or (node.process is not None
-                                   and node.process.poll() is not None):
-                return  # it died: NodeDied's business, not a frozen node
-            node.unresponsive = True
-            found.append(NodeUnresponsive(node.agent, overdue.describe()))
-            cancel.cancel()
-
-        async with trio.open_nursery() as nursery:
-            for node in self._nodes.values():
-                if node.heartbeat is not None and node.returncode is None:
-                    nursery.start_soon(one, node, nursery.cancel_scope)
-        if found:
-            raise found[0]
-        await trio.sleep_forever()  # every node is gone: nothing left to watch
-
-    @staticmethod
-    async def _ping(node: _Node) -> float | None:
-        """One ping on the heartbeat connection: when the node handled it (monotonic
-        seconds, its own stamp), None if the node is gone."""
-        if node.heartbeat is None or node.returncode is not None:
-            return None
-        try:
-            reply = await node.heartbeat.request("ping")
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError,
-                RemoteProtocolError):
-            return None
-        stamp = reply.get("t_ns")
-        return stamp / 1e9 if isinstance(stamp, int) else time.monotonic()
+        """Watch every node on its heartbeat connection until cancelled; raise
+        NodeUnresponsive for the first that is frozen (testbed/run/liveness.py: any
+        freeze longer than ``timeout_s`` is caught)."""
+        agent, overdue = await watch_all(
+            [Watched(n.agent, n.heartbeat, partial(_exited, n)) for n in self._nodes.values()
+             if n.heartbeat is not None and n.returncode is None], timeout_s=timeout_s)
+        self._nodes[agent].unresponsive = True
+        raise NodeUnresponsive(agent, overdue.describe())
 
     async def counters(self) -> dict[str, dict[str, int]]:
         replies = await self._each(lambda n: self.call(n.agent, "counters"))
