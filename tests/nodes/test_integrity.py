@@ -463,11 +463,11 @@ async def test_memory_held_by_a_flood_of_partial_frames_is_returned(tmp_path: Pa
     the flood goes on: once it is over, the node's memory is back within 64 MiB of where
     it started. (Without returning it, 167 of 364 MiB stayed resident: freed buffers the
     allocator keeps in its heaps.)"""
-    async with _limited_team(tmp_path, {"first_frame_timeout_s": 3}) as team:
+    async with _limited_team(tmp_path, {"first_frame_timeout_s": 5}) as team:
         pid = team.pid(TARGET)
         assert pid is not None
         rss_before = _vm_kib(pid, "VmRSS")
         await _hello_flood(team, 1024, sources=64)
-        assert _vm_kib(pid, "VmHWM") - rss_before > 128 * 1024  # it did hold a lot
+        assert _vm_kib(pid, "VmHWM") - rss_before > 96 * 1024  # it did hold a lot
         await trio.sleep(2)
         assert _vm_kib(pid, "VmRSS") - rss_before < 64 * 1024

@@ -29,7 +29,7 @@ def test_every_fault_kind_ends_as_it_must(tmp_path: Path) -> None:
     out = tmp_path / "faults.json"
     proc = subprocess.run([sys.executable, "-m", "testbed", "faults", "--trials", "2",
                            "--seed", "3", "--json", str(out)], cwd=tmp_path, text=True,
-                          capture_output=True, timeout=600, check=False)
+                          capture_output=True, timeout=900, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {r["kind"]: r for r in json.loads(out.read_text())}
     assert set(rows) == set(KINDS)
