@@ -23,13 +23,14 @@ from testbed.tools.faults import KINDS
 
 @pytest.mark.slow
 @pytest.mark.privileged
+@pytest.mark.timeout(960)  # twelve kinds, two trials each: about 5 minutes, more when loaded
 def test_every_fault_kind_ends_as_it_must(tmp_path: Path) -> None:
     if os.geteuid() != 0 or not Path("/dev/net/tun").exists():
         pytest.skip("testbed faults needs root and TUN devices")
     out = tmp_path / "faults.json"
     proc = subprocess.run([sys.executable, "-m", "testbed", "faults", "--trials", "2",
                            "--seed", "3", "--json", str(out)], cwd=tmp_path, text=True,
-                          capture_output=True, timeout=900, check=False)
+                          capture_output=True, timeout=930, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {r["kind"]: r for r in json.loads(out.read_text())}
     assert set(rows) == set(KINDS)
