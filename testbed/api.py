@@ -100,8 +100,8 @@ def run(campaign: Campaign, out: str | Path, *, resume: bool = False, extend: bo
                         "(or the `testbed run` command line, which enters a user namespace)")
     printer = console or Console(highlight=False)
     label = str(out.absolute())
-    if resume or extend:
-        for item in clean_dead_runs(run_state_dir(), label=label):
+    if resume or extend:  # what a killed run (this one's, or any) left behind
+        for item in clean_dead_runs(run_state_dir()):
             printer.print(f"removed {item} (left by an interrupted run)")
     root = Path(workdir) if workdir is not None else None
     summary: list[RunSummary] = []

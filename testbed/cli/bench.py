@@ -75,18 +75,21 @@ def _limits(args: argparse.Namespace, out: Console, json_path: Path | None) -> A
 
     result = trio.run(lambda: bench_limits(
         out, network=args.network, templates=args.templates,
-        policies=args.policies.split(",") if args.policies else ()))
+        policies=args.policies.split(",") if args.policies else (), preset=args.preset))
     write_json(json_path, result)
     return None  # the table is printed
 
 
 def _limits_args(b: argparse.ArgumentParser) -> None:
     b.add_argument("--network", default="loopback",
-                   help="network of the primary grid to run (default loopback)")
+                   help="network of the preset's grid to run (default loopback)")
+    b.add_argument("--preset", default="primary",
+                   help="the preset whose grid to run (default primary; artifact has the "
+                        "largest records)")
     b.add_argument("--templates", type=positive_int, default=1, metavar="N",
                    help="templates per cell (default 1)")
     b.add_argument("--policies", metavar="P1,P2",
-                   help="only these policies (default: every policy of primary)")
+                   help="only these policies (default: every policy of the preset)")
 
 
 def _lanes(args: argparse.Namespace, out: Console, json_path: Path | None) -> Any:

@@ -71,8 +71,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         out_console.print(f"results: {out}")
         return _ended(summary)
     label = str(Path(out).absolute())
-    if args.resume or args.extend:  # what a killed run on this directory left behind
-        for item in clean_dead_runs(run_state_dir(), label=label):
+    if args.resume or args.extend:  # what a killed run (this one's, or any) left behind
+        for item in clean_dead_runs(run_state_dir()):
             out_console.print(f"removed {item} (left by an interrupted run)")
 
     async def main(ledger: Ledger) -> RunSummary:

@@ -46,6 +46,7 @@ from protocols.identity import CENTRAL_ID, Identity, Member, Roster
 from testbed.errors import RunFailure
 from testbed.host.ledger import Ledger
 from testbed.host.processes import is_running
+from testbed.run.liveness import Watched, watch_all
 from testbed.run.startup import STARTUP_FLOOR_S, measure_start_s, usable_cpus
 from testbed.run.startup import startup_timeout_s as startup_timeout
 
@@ -119,6 +120,10 @@ def _source_root() -> str:
 def _make_dirs(*paths: Path) -> None:
     for path in paths:
         path.mkdir(parents=True, exist_ok=True)
+
+
+def _exited(node: _Node) -> bool:
+    return node.process is not None and node.process.poll() is not None
 
 
 @dataclass
@@ -275,13 +280,14 @@ class Team:
         return found[0] if found else None
 
     async def watch_liveness(self, *, timeout_s: float) -> None:
-        """Ping every node every ``timeout_s / 4``; raise NodeUnresponsive for the first
-        that stays silent for ``timeout_s``. Runs until cancelled."""
-        while True:
-            frozen = await self.unresponsive(timeout_s=timeout_s)
-            if frozen is not None:
-                raise frozen
-            await trio.sleep(timeout_s / 4)
+        """Watch every node on its heartbeat connection until cancelled; raise
+        NodeUnresponsive for the first that is frozen (testbed/run/liveness.py: any
+        freeze longer than ``timeout_s`` is caught)."""
+        agent, overdue = await watch_all(
+            [Watched(n.agent, n.heartbeat, partial(_exited, n)) for n in self._nodes.values()
+             if n.heartbeat is not None and n.returncode is None], timeout_s=timeout_s)
+        self._nodes[agent].unresponsive = True
+        raise NodeUnresponsive(agent, overdue.describe())
 
     async def counters(self) -> dict[str, dict[str, int]]:
         replies = await self._each(lambda n: self.call(n.agent, "counters"))
