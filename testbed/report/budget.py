@@ -194,7 +194,9 @@ def _draw(ax: Axes, group: list[Point], metric: str) -> None:
     for ranking in RANKINGS:
         own = [p for p in group if p.ranking == ranking and p.b not in (0, None)]
         ends = [p for p in group if p.ranking == ranking and p.b is None]
-        line = zero[:1] + sorted(own, key=lambda p: p.b or 0) + (ends or full)[:1]
+        # b = all is PlanFence for every ranking but value, which may not check it all
+        top = ends if ranking == "value" else (ends or full)
+        line = zero[:1] + sorted(own, key=lambda p: p.b or 0) + top[:1]
         if len(line) < 2 or (not own and not ends):
             continue
         xs, ys = zip(*(xy(p) for p in line), strict=True)
