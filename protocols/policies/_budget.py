@@ -24,7 +24,8 @@ inputs and the first ``b`` are checked. Rules:
      milliseconds of stall (a policy parameter).
    - Measured cost: 0 for a key the executor owns (its head is local); otherwise the
      mean round trip of the owner queries this executor sent in the episode, each timed
-     from request to answer (0 before the first one, so the first action explores).
+     from request to answer or failure (0 before the first one, so the first action
+     explores).
    - Checked: keys with p(x) * loss_ms > cost, by p(x) * loss_ms - cost descending,
      at most ``b`` of them.
 5. The budget counts inputs, not messages: a key the executor owns is checked without

@@ -129,10 +129,11 @@ class PlanFenceBudget(Policy):
         def asker(key: str) -> Callable[[], Awaitable[dict[str, Any]]]:
             async def run() -> dict[str, Any]:
                 started = env.now()
-                answer = await tally.call(lambda: env.owner_heads(env.roster.owner_of(key),
-                                                                  [key]))
-                stats.note_round_trip((env.now() - started) * 1000.0)
-                return answer
+                try:  # a failed query cost its time too (a timeout: the whole of it)
+                    return await tally.call(
+                        lambda: env.owner_heads(env.roster.owner_of(key), [key]))
+                finally:
+                    stats.note_round_trip((env.now() - started) * 1000.0)
             return run
 
         answers = await all_or_raise(env, [asker(k) for k in remote])

@@ -305,3 +305,14 @@ async def test_the_ends_reproduce_owner_head_freshness_and_planfence(seed: int,
     assert runs["planfence_budget"] == runs["planfence"]
     assert not any(invalid["planfence"])
     assert all(r[2] == 0 for r in runs["planfence_budget/b=0"])
+
+
+async def test_a_failed_query_is_measured_too() -> None:
+    team, request = await stale_plan("planfence_budget/ranking=value")
+    team.slow.add("a2")  # the owner of k002 times out
+    policy = team.policies["a4"]
+    assert isinstance(policy, PlanFenceBudget)
+    outcome = await team.act("a4", request)
+    assert not outcome.released
+    assert outcome.block_reason.startswith("unavailable")
+    assert policy.stats(team.env("a4")).rtt_count == 4  # three answers and one failure
