@@ -56,6 +56,7 @@ from testbed.campaign.parse import recorded_campaign
 from testbed.campaign.plugins import changed as changed_plugins
 from testbed.campaign.plugins import provenance as plugin_provenance
 from testbed.campaign.workload import Schedule
+from testbed.host.lanes import HostLanes
 from testbed.host.userns import privilege
 from testbed.results.provenance import (
     git_revision,
@@ -63,6 +64,7 @@ from testbed.results.provenance import (
     lock_file,
     package_versions,
 )
+from testbed.results.reference import check_reference_run
 from testbed.results.rundir import RunDir
 from testbed.results.schema import (
     RUNNER_ACTION_FIELDS,
@@ -81,18 +83,22 @@ from testbed.run.units import EpisodeOutcome, plan_units
 async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
                        console: Console, runner: Runner | None = None,
                        engine: Engine | None = None, extend: bool = False,
-                       jobs: int = 1) -> RunSummary:
+                       jobs: int = 1, host: HostLanes | None = None,
+                       allow_dirty: bool = False) -> RunSummary:
     """Run every not-yet-committed episode of ``campaign`` into ``out_dir``.
 
     ``engine`` runs the work units (default: :class:`LocalEngine` over ``runner`` with
-    ``jobs`` lanes).
+    ``jobs`` lanes, holding lanes of the host's budget ``host`` if given; the progress
+    line then says who holds the host). A run into the repository's results/ needs a
+    committed checkout unless ``allow_dirty`` (``testbed.results.reference``).
     """
     if not (isinstance(jobs, int) and jobs >= 1):
         raise CampaignError(f"jobs: {jobs!r} is not allowed; allowed: an integer >= 1")
     if engine is None:
         if runner is None:
             raise ValueError("run_campaign: give a runner or an engine")
-        engine = LocalEngine(runner, jobs=jobs)
+        engine = LocalEngine(runner, jobs=jobs, host=host)
+    reference = check_reference_run(Path(out_dir), allow_dirty=allow_dirty)
     run_dir = RunDir(out_dir)
     extended_from: dict[str, int] | None = None
     if not run_dir.is_empty():
@@ -117,7 +123,7 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
         run_dir.update_manifest(
             started_at=previous.get("started_at", session["started_at"]),
             campaign=campaign.name, source=campaign.source, config=campaign.config(),
-            versions=package_versions(), lock=lock_file(), git=git_revision(),
+            versions=package_versions(), lock=lock_file(), git={**git_revision(), **reference},
             system={**host_description(), "privilege": privilege()},
             execution=engine.describe(),
             networks={**previous.get("networks", {}), **networks},
@@ -128,8 +134,10 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
         episodes = campaign.episodes()
         todo = [(c, t) for c, t in episodes if episode_key(c, t) not in done]
         task = progress.add_task("episodes", total=len(episodes),
-                                 completed=len(episodes) - len(todo))
+                                 completed=len(episodes) - len(todo), host="")
         progress.start()
+        if host is not None:
+            host.on_status = lambda text: _host_status(progress, task, text)
         noted: set[str] = set()
 
         def on_start(key: str) -> None:
@@ -273,8 +281,16 @@ def _check_same_campaign(run_dir: RunDir, campaign: Campaign, *,
 def _progress(console: Console) -> Progress:
     return Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                     MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("ETA"),
-                    TimeRemainingColumn(), console=console, transient=False,
-                    refresh_per_second=2)
+                    TimeRemainingColumn(), TextColumn("{task.fields[host]}"),
+                    console=console, transient=False, refresh_per_second=2)
+
+
+def _host_status(progress: Progress, task: Any, text: str) -> None:
+    """Who holds the host, on the progress line; waiting is also printed once per
+    change, so a log (not a terminal) says why the run stood still."""
+    progress.update(task, host=text)
+    if "waiting" in text:
+        progress.console.print(text)
 
 
 def _now() -> str:
