@@ -33,7 +33,7 @@ from testbed.campaign.model import Campaign
 from testbed.campaign.networks import check_backend
 from testbed.campaign.parse import load_campaign, parse_campaign
 from testbed.campaign.plugins import load as load_plugins
-from testbed.campaign.plugins import resolve_names
+from testbed.campaign.plugins import load_recorded, resolve_names
 from testbed.errors import HostError, UserError
 from testbed.report.build import build_report
 from testbed.report.load import load_run
@@ -141,6 +141,12 @@ def actions(run_dir: str | Path) -> pd.DataFrame:
 
 def report(run_dir: str | Path, *, draws: int = 10_000, seed: int = 0,
            console: Console | None = None, episode: str | None = None) -> dict[str, Any]:
-    """Write tables, figures and report.md/html into ``run_dir``; what was written."""
-    return build_report(_run_dir(run_dir), draws=draws, seed=seed, console=console,
-                        episode=episode)
+    """Write tables, figures and report.md/html into ``run_dir``; what was written. The
+    plugins the run recorded are loaded first where they still import (their policies'
+    titles and categories label the tables; testbed.campaign.plugins rule 3)."""
+    path = _run_dir(run_dir)
+    recorded = load_run(path).manifest.get("plugins") or {}
+    for note in load_recorded(recorded if isinstance(recorded, Mapping) else {}):
+        if console is not None:
+            console.print(f"report: note: {note}", markup=False)
+    return build_report(path, draws=draws, seed=seed, console=console, episode=episode)

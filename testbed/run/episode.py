@@ -178,9 +178,10 @@ class TeamGroup:
                     plans[event.action] = bytes(reply["root"])
                     phases.planning += int(reply.get("bytes", 0))
                 else:
+                    critical = {"critical": event.critical} if event.critical else {}
                     reply = await team.call(event.executor, "act", action=event.action,
                                             roots=[plans[event.action]],
-                                            keys=list(event.keys))
+                                            keys=list(event.keys), **critical)
                     tally.action_ms += float(reply["stall_ms"])
                     acts.append((event, reply))
             if barrier:
