@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.leftovers import run_objects
+from tests.leftovers import watch_runs
 
 pytestmark = [pytest.mark.privileged, pytest.mark.slow]
 
@@ -166,6 +166,13 @@ def test_a_command_workload_runs_and_reports(campaign_dir: Path) -> None:
 def test_an_interrupted_command_workload_resumes_without_repeating(campaign_dir: Path
                                                                    ) -> None:
     out = campaign_dir / "out"
+    with watch_runs() as runs:  # the killed run's and the resumed run's, nothing else
+        _interrupt_and_resume(campaign_dir, out)
+    assert runs.prefixes, "no run was watched: the check below would prove nothing"
+    assert runs.wait_clean() == set()
+
+
+def _interrupt_and_resume(campaign_dir: Path, out: Path) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "testbed", "run", "c.toml", "--out",
                              str(out)], cwd=campaign_dir, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
@@ -193,4 +200,3 @@ def test_an_interrupted_command_workload_resumes_without_repeating(campaign_dir:
     assert sum(attempts.values()) <= 4  # at most the episode in flight ran twice
     clean = _testbed("clean", cwd=campaign_dir)
     assert clean.returncode == 0, clean.stderr
-    assert run_objects({proc.pid}) == set()
