@@ -1,5 +1,5 @@
 """The worked example of docs/own-programs.md (docs/examples/own-program): plain programs
-with no testbed imports, the committed run in results/own-program made from this very
+with no testbed imports, the committed run in results/examples/own-program made from this very
 campaign file, and its programs still running as a command workload today (one short
 episode over the fixed link; privileged, real namespaces)."""
 
@@ -20,7 +20,7 @@ from testbed.campaign.parse import load_campaign
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "docs" / "examples" / "own-program"
-RESULTS = ROOT / "results" / "own-program"
+RESULTS = ROOT / "results" / "examples" / "own-program"
 
 
 def _imported_modules(path: Path) -> set[str]:
@@ -41,7 +41,7 @@ def test_the_example_programs_use_the_standard_library_only(program: str) -> Non
 
 
 def test_the_committed_run_is_of_the_example_campaign() -> None:
-    """results/own-program and its report come from this file as it is now (edit the
+    """results/examples/own-program and its report come from this file as it is now (edit the
     example, rerun it: docs/examples/own-program/README.md)."""
     manifest = json.loads((RESULTS / "manifest.json").read_text())
     campaign = load_campaign(EXAMPLE / "campaign.toml")
