@@ -13,9 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
-
-from rich.console import Console
+from typing import TYPE_CHECKING, Any
 
 from testbed.cli.common import (
     console,
@@ -25,6 +23,9 @@ from testbed.cli.common import (
     require_namespaces,
     require_root,
 )
+
+if TYPE_CHECKING:  # rich is imported when a benchmark runs, not by every command
+    from rich.console import Console
 
 
 def write_json(path: Path | None, result: Any) -> None:
@@ -90,18 +91,21 @@ def _limits(args: argparse.Namespace, out: Console, json_path: Path | None) -> A
 
     result = trio.run(lambda: bench_limits(
         out, network=args.network, templates=args.templates,
-        policies=args.policies.split(",") if args.policies else ()))
+        policies=args.policies.split(",") if args.policies else (), preset=args.preset))
     write_json(json_path, result)
     return None  # the table is printed
 
 
 def _limits_args(b: argparse.ArgumentParser) -> None:
     b.add_argument("--network", default="loopback",
-                   help="network of the primary grid to run (default loopback)")
+                   help="network of the preset's grid to run (default loopback)")
+    b.add_argument("--preset", default="primary",
+                   help="the preset whose grid to run (default primary; artifact has the "
+                        "largest records)")
     b.add_argument("--templates", type=positive_int, default=1, metavar="N",
                    help="templates per cell (default 1)")
     b.add_argument("--policies", metavar="P1,P2",
-                   help="only these policies (default: every policy of primary)")
+                   help="only these policies (default: every policy of the preset)")
 
 
 def _lanes(args: argparse.Namespace, out: Console, json_path: Path | None) -> Any:
@@ -161,7 +165,41 @@ def _examples_args(b: argparse.ArgumentParser) -> None:
                    help="only these examples (default: every one, `testbed examples list`)")
 
 
-BenchRun = Callable[[argparse.Namespace, Console, "Path | None"], Any]
+def _exec(args: argparse.Namespace, out: Console, json_path: Path | None) -> Any:
+    require_root("bench exec")
+    from testbed.tools.bench_exec import bench_exec
+
+    bench_exec(json_path, out, repeats=args.repeats, hosts=args.hosts)
+    return None  # the table is printed
+
+
+def _exec_args(b: argparse.ArgumentParser) -> None:
+    b.add_argument("--repeats", type=positive_int, default=5, metavar="N",
+                   help="runs per network size (default 5)")
+    b.add_argument("--hosts", type=counts, default=(2, 8), metavar="N,N",
+                   help="network sizes (default 2,8)")
+
+
+def _calibrate(args: argparse.Namespace, out: Console, json_path: Path | None) -> Any:
+    import trio
+
+    require_namespaces("bench calibrate")
+    from testbed.tools.calibrate import calibrate
+
+    cal = trio.run(partial(calibrate, args.backend, runs=args.runs))
+    result = {"backend": args.backend, **cal.as_dict()}
+    out.print(f"calibrate {args.backend}: {cal.describe()}")
+    write_json(json_path, result)
+    return _unless_written(json_path, result)
+
+
+def _calibrate_args(b: argparse.ArgumentParser) -> None:
+    _link_args(b)
+    b.add_argument("--runs", type=positive_int, default=5, metavar="N",
+                   help="streams to measure (default 5)")
+
+
+BenchRun = Callable[[argparse.Namespace, "Console", "Path | None"], Any]
 
 
 @dataclass(frozen=True)
@@ -180,6 +218,11 @@ BENCHES: tuple[Bench, ...] = (
     Bench("limits", "the primary grid's peak connections, objects and installs against the "
                     "node limits", _limits, _limits_args),
     Bench("lanes", "AT&T episodes at 1-16 lanes and on a LocalCluster", _lanes, _lanes_args),
+    Bench("exec", "testbed exec: from the call to the command's first instruction, and from "
+                  "its exit to everything removed (2 and 8 hosts)", _exec, _exec_args),
+    Bench("calibrate", "how fast this machine moves full-size datagrams over an unshaped "
+                       "link (what rate checks may demand of it)", _calibrate,
+          _calibrate_args),
     Bench("transfer", "one fresh authenticated transfer against payload and loss on a wired, "
                       "an LTE and a LEO-like network (fig. C.1)", _transfer, _transfer_args),
     Bench("examples", "each bundled example run as a user runs it, its wall time against "

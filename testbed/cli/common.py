@@ -2,7 +2,8 @@
 
 Whose fault it was decides how a failure ends (``testbed.errors``): bad user input is
 one line on stderr and exit status 2; a host that lacks something is one line and exit
-status 3; anything else is a bug in the testbed and shows its traceback (exit 1).
+status 3; a campaign whose units failed ends with a one-line summary and exit status 4;
+anything else is a bug in the testbed and shows its traceback (exit 1).
 """
 
 from __future__ import annotations
@@ -11,16 +12,19 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
-from importlib import metadata
 from pathlib import Path
-from typing import NoReturn
-
-from rich.console import Console
+from typing import TYPE_CHECKING, NoReturn
 
 from testbed.errors import HostError, UserError
 
+if TYPE_CHECKING:  # rich is imported when a console is made: `exec` and `shell` need none
+    from rich.console import Console
+
 DEFAULT_RESULTS = Path("results")
 EXIT_USER, EXIT_HOST = 2, 3
+EXIT_UNITS_FAILED = 4
+"""``testbed run`` finished, but units of it failed (testbed.run.failures): a one-line
+summary says how many and why; their episodes are recorded as aborted."""
 
 USERNS_ENV = "TESTBED_IN_NEW_USERNS"
 """Set when ``testbed`` re-executes itself to start inside a user namespace of its own."""
@@ -29,6 +33,8 @@ ARGV: list[str] = []
 
 
 def version() -> str:
+    from importlib import metadata  # only when asked: it costs every command 0.1 s
+
     try:
         return metadata.version("planfence-testbed")
     except metadata.PackageNotFoundError:
@@ -169,5 +175,21 @@ def cluster_spec(text: str) -> str:
 
 
 def console() -> Console:
+    from rich.console import Console
+
     # Piped output (CI logs, `| tee`) gets a wide console so tables are not truncated.
     return Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+
+
+class VersionAction(argparse.Action):
+    """``--version``: the installed version, looked up only when asked for."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS,
+                 default: str = argparse.SUPPRESS, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=default,
+                         help=help or "show the version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        print(f"testbed {version()}")
+        parser.exit()

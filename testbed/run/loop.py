@@ -46,6 +46,7 @@ from typing import Any
 
 from rich.console import Console
 
+from testbed.campaign.command import COMMAND_KIND
 from testbed.campaign.model import Campaign, CampaignError, episode_key
 from testbed.campaign.networks import changed_files, network_provenance
 from testbed.campaign.parse import recorded_campaign
@@ -71,8 +72,10 @@ from testbed.results.schema import (
     check_fields,
 )
 from testbed.results.summary import print_summary
+from testbed.run.command_rows import command_rows
 from testbed.run.contract import EpisodeResult, Runner, RunSummary
 from testbed.run.engines import Engine, LocalEngine
+from testbed.run.failures import UnitFailure, describe_failure, record_failure
 from testbed.run.progress import ProgressLike, open_progress
 from testbed.run.units import EpisodeOutcome, plan_units, unshaped_networks
 
@@ -111,6 +114,7 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
     run_dir.open()
     status = "interrupted"
     counts = {"ran": 0, "aborted": 0}
+    failures: list[UnitFailure] = []
     progress = open_progress(console)
     try:
         previous = run_dir.read_manifest()
@@ -151,9 +155,16 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
             counts["aborted"] += commit_outcome(campaign, run_dir, outcome)
             progress.advance(task)
 
+        def on_failure(failure: UnitFailure) -> None:
+            record_failure(run_dir, failure)
+            progress.console.print(describe_failure(failure))
+            if not failure.retried:
+                failures.append(failure)
+
         units = plan_units(todo, per_template=engine.per_template,
                            unshaped=unshaped_networks(campaign))
-        await engine.run(units, campaign, on_start=on_start, on_outcome=on_outcome)
+        await engine.run(units, campaign, on_start=on_start, on_outcome=on_outcome,
+                         on_failure=on_failure)
         status = "complete"
     finally:
         progress.stop()
@@ -170,7 +181,7 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
     if status == "complete":
         print_summary(run_dir.path, console)
     return RunSummary(run_dir.path, len(campaign.episodes()), len(done), counts["ran"],
-                      counts["aborted"], time.monotonic() - t0)
+                      counts["aborted"], time.monotonic() - t0, tuple(failures))
 
 
 def commit_outcome(campaign: Campaign, run_dir: RunDir, outcome: EpisodeOutcome) -> bool:
@@ -188,7 +199,8 @@ def commit_outcome(campaign: Campaign, run_dir: RunDir, outcome: EpisodeOutcome)
                        "worker": outcome.worker}
         run_dir.record_episode(key, [], episode_row)
         return True
-    actions, episode_row = _rows(base, campaign, schedule, outcome.result, outcome.wall_s, key)
+    rows = command_rows if campaign.kind == COMMAND_KIND else _rows
+    actions, episode_row = rows(base, campaign, schedule, outcome.result, outcome.wall_s, key)
     run_dir.record_episode(key, actions, {**episode_row, "worker": outcome.worker})
     return False
 

@@ -143,6 +143,7 @@ EVIDENCE_SOURCE = {
     "planfence": "a0",
     "planfence_grouped": "a0",
     "adaptive": "a0",
+    "planfence_budget": "a0",
 }
 
 
@@ -284,6 +285,7 @@ PER_PASS: dict[str, Callable[[MemoryTeam, str, list[str]], int]] = {
     "local_replica": lambda team, ex, declared: 0,
     "owner_head_freshness": lambda team, ex, declared: len(_remote(team, ex, declared)),
     "planfence": lambda team, ex, declared: len(_remote(team, ex, declared)),
+    "planfence_budget": lambda team, ex, declared: len(_remote(team, ex, declared)),
     "planfence_grouped": lambda team, ex, declared: len(
         {team.roster.owner_of(k) for k in _remote(team, ex, declared)}),
     "per_key_all_key": lambda team, ex, declared: len(

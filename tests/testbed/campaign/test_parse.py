@@ -38,7 +38,8 @@ def test_presets_all_load_with_the_documented_sizes() -> None:
     sizes = {name: len(load_campaign(name).episodes()) for name in preset_names()}
     assert sizes == {"demo": 60, "primary": 390, "rates": 2880, "scope": 1200,
                      "density": 270, "reuse": 900, "teams": 72, "horizon": 27,
-                     "replanning": 1560, "handoff": 270, "batches": 600, "artifact": 320}
+                     "replanning": 1560, "handoff": 270, "batches": 600, "artifact": 320,
+                     "budget": 1020}
 
 
 def test_demo_preset_matches_the_issue() -> None:
@@ -62,8 +63,8 @@ def test_load_by_path_equals_parse(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("arg", "message"), [
     ("nosuch", "campaign: 'nosuch' is neither a file nor a preset; presets: artifact, "
-               "batches, demo, density, handoff, horizon, primary, rates, replanning, reuse, "
-               "scope, teams"),
+               "batches, budget, demo, density, handoff, horizon, primary, rates, replanning, "
+               "reuse, scope, teams"),
     ("missing/x.toml", "campaign: 'missing/x.toml' is not a file (no such file); presets: "
                        "artifact,"),
 ])
