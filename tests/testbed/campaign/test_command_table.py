@@ -96,7 +96,8 @@ def test_policies_are_labels_of_the_program_variants() -> None:
     ({"kind": "episodes", "grid__policy": ["planfence"]},
      r"command: only for kind = \"command\" campaigns"),
     ({"networks__lte__hosts__srv": {"unshaped": True}},
-     r"networks.lte.hosts.srv: no such agent .* a0..a1, server or central"),
+     r"networks.lte.hosts.srv: 'srv' is not a host name; allowed: .*a0..a1\), server or "
+     r"central"),
 ])
 def test_bad_command_tables_are_one_line_errors(changes: dict[str, Any], message: str) -> None:
     with pytest.raises(UserError, match=message) as info:
