@@ -33,6 +33,7 @@ from testbed.report import slicing
 from testbed.report.figures import save
 from testbed.report.load import Run
 from testbed.report.recorded_links import recorded_profiles, what_it_met
+from testbed.report.tables_command import is_command_run
 
 LATE_LIMIT_MS = 1.0
 MAX_HOST_ROWS = 8
@@ -141,17 +142,22 @@ def _chosen(run: Run, episode: str | None) -> tuple[list[pd.Series], list[str]]:
     if logged.empty:
         return [], []
     profiles = recorded_profiles(run.manifest)
-    return [_most_eventful(logged[logged["network"] == net], profiles.get(str(net)))
+    command = is_command_run(run)
+    return [_most_eventful(logged[logged["network"] == net], profiles.get(str(net)),
+                           command=command)
             for net in slicing.networks(logged)], []
 
 
-def _most_eventful(rows: pd.DataFrame, profile: NetworkProfile | None) -> pd.Series:
+def _most_eventful(rows: pd.DataFrame, profile: NetworkProfile | None, *,
+                   command: bool = False) -> pd.Series:
     """The episode whose links met the most outage (then delay steps, then the longest),
-    so the default plot shows what the network does (recorded_links)."""
+    so the default plot shows what the network does (recorded_links). COMMAND: a command
+    workload's rows, whose ``policy`` is the command's label (no central host)."""
     def key(row: pd.Series) -> tuple[tuple[float, int], float, str]:
         wall = float(row.get("wall_s") or 0.0)
+        central = not command and policy_needs_central(str(row["policy"]))
         met = (0.0, 0) if profile is None else what_it_met(
-            profile, agents=int(row["agents"]), central=policy_needs_central(str(row["policy"])),
+            profile, agents=int(row["agents"]), central=central,
             offset_s=float(row["trace_offset_s"]), seconds=wall).score
         return met, wall, str(row["episode"])
 
