@@ -13,6 +13,7 @@ from testbed.cli.common import (
     positive_int,
     require_namespaces,
 )
+from testbed.cli.precision import add_precision_arguments
 from testbed.errors import UserError
 
 
@@ -37,16 +38,34 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from testbed.run.attempts import AttemptPolicy
+
+    if args.dry_run:
+        return cmd_check(args)
+    campaign = _load(args)
+    out = directory("--out", args.out) or DEFAULT_RESULTS / campaign.name
+    if args.until_resolved is not None:
+        from testbed.tools.until_resolved import run_until_resolved
+
+        def execute(grown: Any, attempts: Any, resume: bool, extend: bool) -> None:
+            _execute(args, grown, out, attempts, resume=resume, extend=extend)
+
+        return run_until_resolved(args, campaign, out, execute, console())
+    _execute(args, campaign, out, AttemptPolicy(args.repeats, args.rerun_disturbed),
+             resume=args.resume, extend=args.extend)
+    console().print(f"results: {out}")
+    return 0
+
+
+def _execute(args: argparse.Namespace, campaign: Any, out: Path, attempts: Any, *,
+             resume: bool, extend: bool) -> None:
+    """Run (or resume, or extend) ``campaign`` into ``out`` as ``testbed run`` does."""
     import trio
 
     from testbed.host.ledger import Ledger, clean_dead_runs, open_run_ledger, run_state_dir
     from testbed.run.episode import EpisodeRunner
     from testbed.run.loop import run_campaign
 
-    if args.dry_run:
-        return cmd_check(args)
-    campaign = _load(args)
-    out = directory("--out", args.out) or DEFAULT_RESULTS / campaign.name
     workdir = directory("--workdir", args.workdir)
     cluster = args.cluster or campaign.execution.cluster
     jobs = args.jobs if args.jobs is not None else campaign.execution.jobs
@@ -59,7 +78,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                         "(--jobs), not on a cluster; drop --cluster or link_log")
     out_console = console()
     label = str(Path(out).absolute())
-    if args.resume or args.extend:  # what a killed run on this directory left behind
+    if resume or extend:  # what a killed run on this directory left behind
         for item in clean_dead_runs(run_state_dir(), label=label):
             out_console.print(f"removed {item} (left by an interrupted run)")
 
@@ -68,21 +87,20 @@ def cmd_run(args: argparse.Namespace) -> int:
             runner = EpisodeRunner(campaign, workdir_root=workdir, backend=args.backend,
                                    ledger=ledger, link_log_dir=out / "links",
                                    shared_emulator=jobs > 1)
-            await run_campaign(campaign, out, resume=args.resume, extend=args.extend,
-                               jobs=jobs, runner=runner, console=out_console)
+            await run_campaign(campaign, out, resume=resume, extend=extend,
+                               jobs=jobs, runner=runner, console=out_console,
+                               attempts=attempts)
             return
         from testbed.run.dask_engine import open_dask_engine
 
         async with open_dask_engine(cluster, backend=args.backend, workdir=workdir,
                                     allow_mixed_backends=mixed) as engine:
             await engine.survey(campaign)
-            await run_campaign(campaign, out, resume=args.resume, extend=args.extend,
-                               engine=engine, console=out_console)
+            await run_campaign(campaign, out, resume=resume, extend=extend,
+                               engine=engine, console=out_console, attempts=attempts)
 
     with open_run_ledger(label) as ledger:
         trio.run(main, ledger)
-    out_console.print(f"results: {out}")
-    return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -94,7 +112,7 @@ def cmd_report(args: argparse.Namespace) -> int:
                         "(run a campaign into it first, or finish it with --resume)")
     out_console = console()
     summary = build_report(run_dir, draws=args.draws, seed=args.seed, console=out_console,
-                           episode=args.episode)
+                           episode=args.episode, exclude_disturbed=args.exclude_disturbed)
     out_console.print(f"report: {run_dir / 'report.md'} ({len(summary.get('tables', []))} "
                       f"tables, {len(summary.get('figures', []))} figures)")
     return 0
@@ -140,6 +158,7 @@ def register(sub: Any) -> None:
                         "option, else auto); unshaped ones (loopback) never get one")
     p.add_argument("--workdir", metavar="DIR", help="where node stores and sockets live "
                                                     "(default: a fresh directory under /tmp)")
+    add_precision_arguments(p)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("report", help="tables, figures and report.md for a results directory")
@@ -149,4 +168,8 @@ def register(sub: Any) -> None:
     p.add_argument("--episode", metavar="KEY",
                    help="draw the link plots of this episode (default: the first episode "
                         "with a link log of each network)")
+    p.add_argument("--exclude-disturbed", action="store_true",
+                   help="leave disturbed attempts out of every table (the report says how "
+                        "many; an episode with no undisturbed attempt drops out with its "
+                        "pairs)")
     p.set_defaults(func=cmd_report)

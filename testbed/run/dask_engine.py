@@ -42,6 +42,7 @@ from testbed.run.engines import OnOutcome, OnStart
 from testbed.run.remote import (
     UnitTask,
     cancel_event_name,
+    lost_outcomes,
     off_loop,
     run_unit_task,
     running_units,
@@ -129,7 +130,8 @@ class DaskEngine:
                   on_start: OnStart, on_outcome: OnOutcome) -> None:
         tasks = [UnitTask(self.token, i, campaign.config(), campaign.source,
                           tuple((cell.id, template) for cell, template in unit.episodes),
-                          self.backend, str(self.workdir) if self.workdir else None)
+                          self.backend, str(self.workdir) if self.workdir else None,
+                          unit.plans)
                  for i, unit in enumerate(units)]
         paired = list(zip(units, tasks, strict=True))
         try:
@@ -171,8 +173,7 @@ class DaskEngine:
             result: list[EpisodeOutcome] = future.result()
         except KilledWorker as exc:
             reason = f"worker_lost: the cluster gave up on this unit ({exc})"
-            return [EpisodeOutcome(key, cell, template, None, reason, 0.0, "", unit.group)
-                    for key, (cell, template) in zip(unit.keys, unit.episodes, strict=True)]
+            return lost_outcomes(unit, reason)
         return result
 
     def _cancel_all(self) -> None:

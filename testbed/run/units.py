@@ -13,6 +13,11 @@ Rules:
    that ran it. Outcomes are plain data (they cross process boundaries when a unit
    runs on a cluster worker); only the campaign loop turns them into result rows and
    commits them, so it stays the one writer of the run directory.
+4. Attempts (``testbed/run/attempts.py``): a unit carries each episode's plan (the
+   repeats it still needs and its next attempt number). Repeats run round by round
+   (every episode's first pending repeat, then every second one ...), so the paired
+   policies of a template alternate; a disturbed attempt with tries left runs again at
+   once, under the next number. Every attempt is its own outcome.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from __future__ import annotations
 import itertools
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +33,7 @@ import trio
 
 from testbed.campaign.model import Campaign, Cell, GroupKey, episode_key, fmt_number
 from testbed.campaign.workload import Schedule
+from testbed.run.attempts import ONE_ATTEMPT, EpisodePlan
 from testbed.run.contract import BACKSTOP_GRACE_S, EpisodeAborted, EpisodeResult, Runner
 
 
@@ -37,10 +43,15 @@ class WorkUnit:
 
     group: GroupKey
     episodes: tuple[tuple[Cell, str], ...]
+    #: Per episode (same order), what it still needs (rule 4); empty: one attempt each.
+    plans: tuple[EpisodePlan, ...] = ()
 
     @property
     def keys(self) -> list[str]:
         return [episode_key(cell, template) for cell, template in self.episodes]
+
+    def plan(self, index: int) -> EpisodePlan:
+        return self.plans[index] if self.plans else ONE_ATTEMPT
 
     @property
     def loopback(self) -> bool:
@@ -62,20 +73,51 @@ class EpisodeOutcome:
     group: GroupKey
     group_description: dict[str, Any] = field(default_factory=dict)
     worker: str = ""
+    attempt: int = 1
+    repeat: int = 1
+    #: Another attempt of the same repeat follows (this one was disturbed).
+    rerun: bool = False
 
     @property
     def aborted(self) -> bool:
         return self.result is None
 
 
-def plan_units(todo: Sequence[tuple[Cell, str]], *, per_template: bool) -> list[WorkUnit]:
-    """Cut the pending episodes (in campaign order) into units (rule 1)."""
+def plan_units(todo: Sequence[tuple[Cell, str]], *, per_template: bool,
+               plans: Mapping[str, EpisodePlan] | None = None) -> list[WorkUnit]:
+    """Cut the pending episodes (in campaign order) into units (rule 1), each episode
+    with its plan (rule 4; default one attempt)."""
     def unit_key(item: tuple[Cell, str]) -> Any:
         cell, template = item
         return (cell.group_key, template) if per_template else cell.group_key
 
-    return [WorkUnit(items[0][0].group_key, tuple(items))
-            for items in (list(g) for _, g in itertools.groupby(todo, key=unit_key))]
+    units = []
+    for items in (list(g) for _, g in itertools.groupby(todo, key=unit_key)):
+        unit_plans = () if plans is None else tuple(
+            plans.get(episode_key(c, t), ONE_ATTEMPT) for c, t in items)
+        units.append(WorkUnit(items[0][0].group_key, tuple(items), unit_plans))
+    return units
+
+
+@dataclass
+class _Job:
+    cell: Cell
+    template: str
+    key: str
+    repeat: int
+    tries: int
+
+
+def attempt_jobs(unit: WorkUnit) -> list[_Job]:
+    """The unit's repeats in the order they run: round by round (rule 4)."""
+    rounds: list[list[_Job]] = []
+    for index, (cell, template) in enumerate(unit.episodes):
+        key = episode_key(cell, template)
+        for i, slot in enumerate(unit.plan(index).slots):
+            while len(rounds) <= i:
+                rounds.append([])
+            rounds[i].append(_Job(cell, template, key, slot.repeat, slot.tries))
+    return [job for jobs in rounds for job in jobs]
 
 
 class ScheduleCache:
@@ -103,20 +145,29 @@ async def run_unit(unit: WorkUnit, runner: Runner, campaign: Campaign, *,
     """Run every episode of ``unit`` (rules 2 and 3); ``on_start(key)`` is called right
     before an episode runs, ``on_outcome`` right after it ended."""
     cache = schedules or ScheduleCache(campaign)
-    pending = list(unit.episodes)
+    pending = attempt_jobs(unit)
+    numbers = {episode_key(c, t): unit.plan(i).next_attempt
+               for i, (c, t) in enumerate(unit.episodes)}
     host = worker_host()
     while pending:
-        cells = list(dict.fromkeys(c for c, _ in pending))
+        cells = list(dict.fromkeys(job.cell for job in pending))
         async with runner.open_group(unit.group, cells) as group:
             description = dict(group.description)
             while pending:
-                cell, template = pending.pop(0)
-                key = episode_key(cell, template)
-                on_start(key)
+                job = pending.pop(0)
+                attempt = numbers[job.key]
+                numbers[job.key] += 1
+                on_start(job.key)
                 result, reason, wall_s = await _run_episode(
-                    campaign, group.run_episode, cell, cache.get(cell, template))
-                on_outcome(EpisodeOutcome(key, cell, template, result, reason, wall_s,
-                                          group.backend, unit.group, description, host))
+                    campaign, group.run_episode, job.cell, cache.get(job.cell, job.template))
+                rerun = (result is not None and job.tries > 1
+                         and bool(result.episode.get("disturbed")))
+                on_outcome(EpisodeOutcome(job.key, job.cell, job.template, result, reason,
+                                          wall_s, group.backend, unit.group, description,
+                                          host, attempt, job.repeat, rerun))
+                if rerun:
+                    pending.insert(0, _Job(job.cell, job.template, job.key, job.repeat,
+                                           job.tries - 1))
                 if result is None:
                     break  # rebuild the topology and processes before going on
 
