@@ -30,10 +30,13 @@ def _load(args: argparse.Namespace) -> Any:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from testbed.tools.plan_view import print_plan
+    from testbed.tools.resolution_view import print_resolution
 
     campaign = _load(args)
     jobs = args.jobs if args.jobs is not None else campaign.execution.jobs
-    print_plan(campaign, console(), jobs=jobs, backend=args.backend)
+    out = console()
+    print_plan(campaign, out, jobs=jobs, backend=args.backend)
+    print_resolution(campaign, out, repeats=args.repeats)
     return 0
 
 
@@ -127,6 +130,8 @@ def register(sub: Any) -> None:
                    help="lanes the wall-time estimate assumes (default: [execution] jobs, else 1)")
     p.add_argument("--templates", type=int, metavar="N", help="override the template count")
     p.add_argument("--backend", choices=list(BACKENDS), help="backend to plan for")
+    p.add_argument("--repeats", type=positive_int, default=1, metavar="R",
+                   help="repeats the expected resolution assumes (default 1)")
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("run", help="run a campaign (a preset name or a TOML file)")

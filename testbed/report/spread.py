@@ -8,7 +8,9 @@ Rules this module obeys:
    stall per action, the two-stage bootstrap of the reports (:func:`comparisons`).
 2. A spread row (:class:`SpreadRow`) is measured per (network, connection, rho, a, b)
    from one run: its paired templates ``n0``, repeats ``r0``, the resolution ``h0`` the
-   report printed, and ``s0``, the SD over templates of ``log(a / b)``. Across all the
+   report printed, the resolution curve fitted over nested prefixes of its templates
+   (:func:`resolution_curve`; ``testbed/report/sizing.py`` rule 1) and ``s0``, the SD
+   over templates of ``log(a / b)``. Across all the
    runs given, attempts of the same cell with the same schedule (repeats, reruns, and
    the same episodes in other runs) give the rerun noise ``e`` (pooled SD of one
    attempt's log stall around its group's mean; disturbed attempts left out) per
@@ -31,14 +33,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from testbed.campaign.workload import round_robin_templates
 from testbed.report.load import Run, load_run
-from testbed.report.sizing import expected_resolution
+from testbed.report.sizing import Curve, fit_curve, repeat_scale
 from testbed.report.stats import DEFAULT_DRAWS, Comparison, compare, cost_episodes, paired
 from testbed.results.schema import STRATUM_COLUMNS
 
 SPREAD_TABLE = Path(__file__).with_name("spread.json")
 METRIC = "stall_ms_per_action"
-MIN_PAIRS = 3
+MIN_PAIRS = 9
+MAX_RESOLUTION = 1.0
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,8 @@ class SpreadRow:
     templates: int
     repeats: int
     resolution: float
+    floor: float
+    term: float
     pair_log_sd: float
     rerun_log_sd: float | None
     rerun_groups: int
@@ -62,15 +68,22 @@ class SpreadRow:
     def key(self) -> str:
         return f"{self.network}/{self.connection}/rho={self.rho:g}/{self.a}:{self.b}"
 
+    @property
+    def curve(self) -> Curve:
+        return Curve(self.floor, self.term)
+
+    def scale(self, repeats: int) -> float:
+        return repeat_scale(self.pair_log_sd, self.rerun_log_sd, self.repeats, repeats)
+
     def expected(self, templates: int, repeats: int) -> float:
-        return expected_resolution(self.resolution, self.templates, self.repeats,
-                                   self.pair_log_sd, self.rerun_log_sd, templates, repeats)
+        return self.curve.at(templates, self.scale(repeats))
 
     def describe(self) -> str:
         noise = ("rerun noise not measured" if self.rerun_log_sd is None else
                  f"rerun SD {100 * self.rerun_log_sd:.1f}% ({self.rerun_groups} groups)")
         return (f"{self.key}: ±{100 * self.resolution:.1f}% at {self.templates} templates x "
-                f"{self.repeats} repeats, template SD of log ratio "
+                f"{self.repeats} repeats (fitted floor ±{100 * self.floor:.1f}%, "
+                f"±{100 * self.term:.0f}%/sqrt(templates) above it), template SD of log ratio "
                 f"{100 * self.pair_log_sd:.1f}%, {noise} [{self.source}]")
 
 
@@ -96,6 +109,24 @@ def comparisons(run: Run, a: str, b: str, *, draws: int = DEFAULT_DRAWS, seed: i
                               strict=True))
             out.append((config, result, pairs))
     return out
+
+
+TEMPLATE_ORDER = {t: i for i, t in enumerate(round_robin_templates(30))}
+
+
+def resolution_curve(pairs: pd.DataFrame, *, draws: int = 2_000, seed: int = 0
+                     ) -> tuple[Curve | None, list[tuple[int, float]]]:
+    """Resolutions over nested prefixes of the pairs' templates (campaign round-robin
+    order, every third size from 6) and the curve fitted to them (sizing rule 1)."""
+    order = sorted(pairs["template"].unique(), key=lambda t: TEMPLATE_ORDER.get(t, 99))
+    sizes = sorted({*range(6, len(order), 3), len(order)})
+    points = []
+    for n in sizes:
+        part = pairs[pairs["template"].isin(order[:n])]
+        result = compare(part, draws=draws, seed=seed)
+        if result is not None and np.isfinite(result.resolution):
+            points.append((n, result.resolution))
+    return fit_curve(points), points
 
 
 def _log_sd(values: Iterable[float]) -> float:
@@ -151,8 +182,13 @@ def measure_spread(paths: Sequence[Path], *, a: str = "planfence",
                 repeats = (int(run.episodes["repeats"].median())
                            if "repeats" in run.episodes and run.episodes["repeats"].notna().any()
                            else 1)
+                if not (np.isfinite(result.resolution) and result.resolution <= MAX_RESOLUTION):
+                    continue  # the other arm's stall is near zero: no sizing basis
+                curve, _ = resolution_curve(pairs)
+                if curve is None:
+                    continue
                 row = SpreadRow(network, connection, rho, a, b, result.pairs, repeats,
-                                result.resolution,
+                                result.resolution, curve.floor, curve.term,
                                 _log_sd(np.log(pairs["a"] / pairs["b"])), e, groups,
                                 Path(path).name)
                 if row.key not in best or row.templates > best[row.key].templates:
@@ -179,7 +215,8 @@ def write_spread_table(path: Path, table: dict[str, SpreadRow]) -> None:
 def lookup(table: dict[str, SpreadRow], network: str, connection: str, rho: float, a: str,
            b: str) -> tuple[SpreadRow | None, str]:
     """The row for a comparison, else the nearest measured one, with what differs."""
-    exact = table.get(SpreadRow(network, connection, rho, a, b, 0, 1, 0, 0, None, 0, "").key)
+    exact = table.get(SpreadRow(network, connection, rho, a, b, 0, 1, 0, 0, 0, 0, None, 0,
+                                "").key)
     if exact is not None:
         return exact, ""
     candidates = [r for r in table.values() if r.network == network and r.a == a]

@@ -285,6 +285,33 @@ def compare(
     )
 
 
+def family_floor(pairs: pd.DataFrame, *, draws: int = DEFAULT_DRAWS, seed: int = 0) -> float:
+    """Half-width of the change interval when only families are resampled (stage 1 alone,
+    every family's pairs kept whole): the part of the resolution that more templates or
+    repeats cannot narrow while the number of families stays the same."""
+    if pairs.empty or pairs["family"].nunique() < 2:
+        return 0.0
+    groups = [g for _, g in pairs.groupby("family", sort=True)]
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(groups), size=(draws, len(groups)))
+    counts = np.stack([np.bincount(row, minlength=len(groups)) for row in picks])
+    unique, inverse = np.unique(counts, axis=0, return_inverse=True)
+    changes = np.empty(len(unique))
+    for i, row in enumerate(unique):
+        a = np.concatenate([np.repeat(g["a"].to_numpy(float), n) for g, n in zip(groups, row,
+                                                                                  strict=True)])
+        b = np.concatenate([np.repeat(g["b"].to_numpy(float), n) for g, n in zip(groups, row,
+                                                                                  strict=True)])
+        med_b = float(np.median(b))
+        changes[i] = float(np.median(a)) / med_b - 1.0 if med_b else np.nan
+    values = changes[np.asarray(inverse).reshape(-1)]
+    values = values[np.isfinite(values)]
+    if values.size == 0:
+        return float("nan")
+    low, high = np.percentile(values, INTERVAL)
+    return float(high - low) / 2.0
+
+
 # --- the paper's per-template ratios (appendix H) -------------------------------------------
 
 PAPER_RATIO_DRAWS = 2_000

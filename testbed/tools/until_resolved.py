@@ -7,7 +7,8 @@ Rules:
    the report reads them and every watched comparison (``--compare A:B``: policy A
    against B in every configuration that has both, ``testbed/report/spread.py``) is
    printed with its resolution and verdict.
-2. The growth rule (``testbed/report/sizing.py`` rule 2) picks the next size: more
+2. The growth rule (``testbed/report/sizing.py`` rule 3, with the curve fitted to the
+   run's own nested template prefixes once it has 12 templates) picks the next size: more
    templates (the round runs with ``--extend``: only the new templates' episodes), then
    more repeats (``--resume`` with the larger ``--repeats``: only the new attempts),
    until the worst resolution is at most PCT or ``--max-templates`` and
@@ -27,31 +28,36 @@ from testbed.campaign.model import Campaign
 from testbed.campaign.workload import FAMILIES, TEMPLATES_PER_FAMILY
 from testbed.errors import UserError
 from testbed.report.load import load_run
-from testbed.report.sizing import Size, next_size
-from testbed.report.spread import comparisons
+from testbed.report.sizing import Curve, Size, next_size
+from testbed.report.spread import comparisons, resolution_curve
 from testbed.report.stats import VERDICT_TEXT, tie_band
 from testbed.results.rundir import RunDir
 from testbed.run.attempts import AttemptPolicy
 
 Execute = Callable[[Campaign, AttemptPolicy, bool, bool], None]
 CATALOGUE = len(FAMILIES) * TEMPLATES_PER_FAMILY
+#: A floor is fitted only from runs this large (three sizes: 6, 9 and 12 templates).
+MIN_FIT_TEMPLATES = 12
 
 
 def watched(out: Path, specs: list[tuple[str, str]], *, draws: int = 10_000
-            ) -> list[tuple[str, float, str]]:
-    """(label, resolution, verdict) of every watched comparison in the run at ``out``."""
+            ) -> list[tuple[str, float, str, Curve | None]]:
+    """(label, resolution, verdict, fitted curve) of every watched comparison in the run
+    at ``out``."""
     run = load_run(out)
-    found = []
+    found: list[tuple[str, float, str, Curve | None]] = []
     for a, b in specs:
         results = comparisons(run, a, b, draws=draws)
         if not results:
-            found.append((f"{a}:{b}", float("nan"), "not comparable (no paired episodes)"))
-        for config, result, _ in results:
+            found.append((f"{a}:{b}", float("nan"), "not comparable (no paired episodes)",
+                          None))
+        for config, result, pairs in results:
             where = ", ".join(f"{k}={config[k]}" for k in ("network", "connection", "rho",
                                                             "keys") if k in config)
+            curve, _ = resolution_curve(pairs)
             label = (f"{a}:{b} [{where}] change {100 * result.change:+.1f}% "
                      f"[{100 * result.change_low:+.1f}%, {100 * result.change_high:+.1f}%]")
-            found.append((label, result.resolution, VERDICT_TEXT[result.verdict]))
+            found.append((label, result.resolution, VERDICT_TEXT[result.verdict], curve))
     return found
 
 
@@ -85,16 +91,18 @@ def run_until_resolved(args: argparse.Namespace, campaign: Campaign, out: Path,
             if size.templates != len(campaign.templates) else campaign
         execute(grown, AttemptPolicy(size.repeats, args.rerun_disturbed), resume, extend)
         found = watched(out, args.compare)
-        values = [r for _, r, _ in found]
+        values = [r for _, r, _, _ in found]
         worst = float("nan") if not values or any(math.isnan(r) for r in values) \
             else max(values)
+        curve = next((c for _, r, _, c in found if r == worst), None)
         console.print(f"until-resolved: {size.templates} templates x {size.repeats} repeats "
                       f"(target ±{args.until_resolved:g}%, tie band "
                       f"{100 * band_low:+.0f}%..{100 * band_high:+.1f}%):")
-        for label, resolution, verdict in found:
+        for label, resolution, verdict, _ in found:
             console.print(f"  {label} ±{100 * resolution:.1f}%: {verdict}")
         step = next_size(size, worst, target, max_templates=max_templates,
-                         max_repeats=args.max_repeats)
+                         max_repeats=args.max_repeats,
+                         curve=curve if size.templates >= MIN_FIT_TEMPLATES else None)
         rounds.append({"templates": size.templates, "repeats": size.repeats,
                        "worst_resolution": worst, "next": step.reason})
         _record(out, rounds, target)
