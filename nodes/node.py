@@ -435,8 +435,11 @@ class Node:
         return self.counters.snapshot()
 
     async def op_sched(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        """This process's scheduling delay since the last ``reset`` (no policy code)."""
-        return self.sched.report()
+        """This process's scheduling delay since ``reset`` or the last ``restart``."""
+        report = self.sched.report()
+        if field(args, "restart", bool, default=False):
+            self.sched.reset()
+        return report
 
     async def op_head_log(self, args: Mapping[str, Any]) -> dict[str, Any]:
         _, store, _, _ = self._ready()

@@ -2,10 +2,11 @@
 
 Rules this module obeys:
 
-1. Each node process measures its own scheduling delay over the episode
+1. Each node process measures its own scheduling delay over the episode's events, from
+   the end of its setup (``testbed/run/prepare.py`` rule 4) to its last event
    (``nodes/sched_probe.py``: run-queue wait from schedstat, timer oversleep from a
-   sampling thread) and the controller asks for it once, after the last event (control
-   op ``sched``, never on the action path). The controller reads the host's CPU
+   sampling thread); the controller asks for it once, after the last event (control op
+   ``sched``, never on the action path). The controller reads the host's CPU
    accounting (``/proc/stat``: busy and steal shares of every CPU) before and after the
    episode and the 1-minute load average at its end.
 2. The episode row gets :data:`DISTURBANCE_FIELDS`; units are in the names. The node
@@ -14,12 +15,14 @@ Rules this module obeys:
    crossed; ``disturbed_reason`` names each crossed one with its value. The thresholds
    and the measurements that justify them are in docs/campaigns.md ("Disturbance").
 
-   * run-queue wait: the team's nodes waited for a CPU more than
-     :data:`RUNQ_SHARE` of the episode's stall per action and more than
-     :data:`RUNQ_FLOOR_MS` per action. The wait of all nodes per action bounds how much
-     CPU contention can have added to the stall per action (stall is the time of
-     sequential work at these nodes), so an undisturbed episode's stall is inflated by
-     at most that share.
+   * run-queue wait, when both hold: the team's nodes spent more than
+     :data:`WAIT_SHARE` of their runnable time waiting for a CPU (``wait / (wait +
+     cpu)``; a team's own contention on a quiet host stays well below it), and their
+     wait per action exceeds :data:`RUNQ_SHARE` of the episode's stall per action. All
+     nodes' wait per action bounds how much CPU contention can have added to the stall
+     per action (stall is the time of sequential work at these nodes; the wait of other
+     phases only makes the bound looser), so an undisturbed episode's stall is inflated
+     by at most half the 10% tie band.
    * oversleep: the worst node's 99th percentile timer lateness above
      :data:`OVERSLEEP_P99_MS` (catches what run-queue wait cannot see: a virtual CPU
      that the hypervisor did not run).
@@ -41,7 +44,7 @@ __all__ = ["DISTURBANCE_FIELDS", "HostSample", "episode_disturbance", "judge"]
 
 #: Thresholds (docs/campaigns.md, "Disturbance", has the measurements behind them).
 RUNQ_SHARE = 0.05
-RUNQ_FLOOR_MS = 0.5
+WAIT_SHARE = 0.10
 OVERSLEEP_P99_MS = 20.0
 STEAL_PCT = 5.0
 
@@ -106,13 +109,15 @@ def judge(columns: Mapping[str, Any], *, stall_ms_per_action: float | None,
     """(disturbed, reason) from the disturbance columns (rule 3); pure."""
     reasons = []
     runq = _number(columns.get("node_runq_wait_ms"))
-    if runq is not None and actions > 0:
+    cpu = _number(columns.get("node_cpu_ms")) or 0.0
+    if runq is not None and actions > 0 and runq + cpu > 0:
         per_action = runq / actions
-        stall = _number(stall_ms_per_action) or 0.0
-        limit = max(RUNQ_FLOOR_MS, RUNQ_SHARE * stall)
-        if per_action > limit:
+        limit = RUNQ_SHARE * (_number(stall_ms_per_action) or 0.0)
+        share = runq / (runq + cpu)
+        if share > WAIT_SHARE and per_action > limit:
             reasons.append(f"runq_wait {per_action:.2f} ms/action > {limit:.2f} "
-                           f"(max of {RUNQ_FLOOR_MS:g} ms and {RUNQ_SHARE:.0%} of stall)")
+                           f"({RUNQ_SHARE:.0%} of stall), {share:.0%} of runnable time "
+                           f"> {WAIT_SHARE:.0%}")
     oversleep = _number(columns.get("node_oversleep_p99_ms"))
     if oversleep is not None and oversleep > OVERSLEEP_P99_MS:
         reasons.append(f"oversleep_p99 {oversleep:.1f} ms > {OVERSLEEP_P99_MS:g}")
