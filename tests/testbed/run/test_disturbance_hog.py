@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from testbed.campaign.parse import parse_campaign
+from testbed.run.contract import EpisodeResult
 from testbed.run.episode import EpisodeRunner
 from testbed.run.team import Team
 
@@ -80,8 +81,8 @@ async def test_a_cpu_hog_on_the_nodes_cpu_marks_episodes_disturbed(tmp_path: Pat
     cpus = set(os.sched_getaffinity(0))
     cpu = max(cpus)
     runner = EpisodeRunner(campaign, workdir_root=tmp_path)
-    quiet: list[dict[str, Any]] = []
-    hogged: list[dict[str, Any]] = []
+    quiet: list[EpisodeResult] = []
+    hogged: list[EpisodeResult] = []
     async with runner.open_group(cell.group_key, [cell]) as group:
         team = _team(group)
         pids = [team.pid(agent) for agent in team.members]
@@ -91,26 +92,27 @@ async def test_a_cpu_hog_on_the_nodes_cpu_marks_episodes_disturbed(tmp_path: Pat
         schedule = campaign.schedule(cell, template)
         await group.run_episode(cell, schedule)  # warm-up: imports, first connections
         for _ in range(EPISODES_PER_ARM):
-            quiet.append((await group.run_episode(cell, schedule)).episode)
+            quiet.append(await group.run_episode(cell, schedule))
         for pid in pids:
             assert pid is not None
             _pin(pid, {cpu})  # the hog arm: the nodes and the hogs share one CPU
         with _hogs(cpu):
             for _ in range(EPISODES_PER_ARM):
-                hogged.append((await group.run_episode(cell, schedule)).episode)
+                hogged.append(await group.run_episode(cell, schedule))
 
-    def runq_per_action(episode: dict[str, Any]) -> float:
-        return float(episode["node_runq_wait_ms"]) / 5  # 5 protected actions at T=16
+    def runq_per_action(result: EpisodeResult) -> float:
+        return float(result.episode["node_runq_wait_ms"]) / len(result.actions)
 
-    def wait_share(episode: dict[str, Any]) -> float:
-        wait = float(episode["node_runq_wait_ms"])
-        return wait / (wait + float(episode["node_cpu_ms"]))
+    def wait_share(result: EpisodeResult) -> float:
+        wait = float(result.episode["node_runq_wait_ms"])
+        return wait / (wait + float(result.episode["node_cpu_ms"]))
 
-    report = [(e["disturbed"], round(runq_per_action(e), 2), round(wait_share(e), 3),
-               round(e["stall_ms_per_action"], 2), e["disturbed_reason"])
-              for e in quiet + hogged]
-    assert all(e["disturbed"] for e in hogged), report
-    assert all("runq_wait" in e["disturbed_reason"] for e in hogged), report
-    assert not any(e["disturbed"] for e in quiet), report
-    assert min(runq_per_action(e) for e in hogged) > 10 * max(
-        runq_per_action(e) for e in quiet), report
+    report = [(r.episode["disturbed"], round(runq_per_action(r), 2), round(wait_share(r), 3),
+               round(r.episode["stall_ms_per_action"], 2), r.episode["disturbed_reason"])
+              for r in quiet + hogged]
+    print("disturbed, runq ms/action, wait share, stall ms/action, reason:", *report, sep="\n")
+    assert all(r.episode["disturbed"] for r in hogged), report
+    assert all("runq_wait" in r.episode["disturbed_reason"] for r in hogged), report
+    assert not any(r.episode["disturbed"] for r in quiet), report
+    assert min(runq_per_action(r) for r in hogged) > 10 * max(
+        runq_per_action(r) for r in quiet), report
