@@ -203,6 +203,8 @@ class Campaign:
         """The grid fields of this campaign's kind, in cell order."""
         return (*GRID_FIELDS, *EXTRA_FIELDS, *STUDY_FIELDS[self.kind])
     networks: Mapping[str, NetworkProfile] = field(default_factory=dict)
+    #: Policy plugins every node imports (``testbed.campaign.plugins``), as resolved.
+    plugins: tuple[str, ...] = ()
 
     def cells(self) -> list[Cell]:
         cells: dict[Cell, None] = {}
@@ -273,4 +275,6 @@ class Campaign:
             config["kind"] = self.kind
         if self.networks:
             config["networks"] = {n: network_to_data(p) for n, p in self.networks.items()}
+        if self.plugins:
+            config["plugins"] = list(self.plugins)
         return config

@@ -15,12 +15,12 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from testbed.cli import bench, campaigns, cluster, info, maintenance, precision
+from testbed.cli import bench, campaigns, cluster, info, maintenance, policies, precision
 from testbed.cli.common import ARGV, EXIT_HOST, EXIT_USER, enter_requested_namespace, version
 from testbed.errors import HostError, UserError, one_line
 
 #: Sub-command modules in the order `testbed --help` lists them.
-COMMAND_MODULES = (info, campaigns, precision, cluster, maintenance, bench)
+COMMAND_MODULES = (info, campaigns, precision, policies, cluster, maintenance, bench)
 
 
 def build_parser() -> argparse.ArgumentParser:

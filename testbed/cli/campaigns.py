@@ -18,25 +18,23 @@ from testbed.errors import UserError
 
 
 def _load(args: argparse.Namespace) -> Any:
+    from testbed import api
     from testbed.campaign.networks import check_backend
-    from testbed.campaign.parse import load_campaign
 
-    campaign = load_campaign(args.campaign)
-    if args.templates is not None:
-        campaign = campaign.with_templates(args.templates)
+    campaign = api.load(args.campaign, plugins=args.plugin, templates=args.templates)
     check_backend(campaign, args.backend or campaign.options.backend)
     return campaign
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from testbed.tools.plan_view import print_plan
-    from testbed.tools.resolution_view import print_resolution
+    from testbed import api
 
     campaign = _load(args)
     jobs = args.jobs if args.jobs is not None else campaign.execution.jobs
     out = console()
-    print_plan(campaign, out, jobs=jobs, backend=args.backend)
-    print_resolution(campaign, out, repeats=args.repeats)
+    for line in api.check(campaign, jobs=jobs, backend=args.backend, repeats=args.repeats):
+        out.print(line, markup=False)
+    out.print("dry run: nothing was created (no run directory, no namespace)", markup=False)
     return 0
 
 
@@ -65,8 +63,8 @@ def _execute(args: argparse.Namespace, campaign: Any, out: Path, attempts: Any, 
     """Run (or resume, or extend) ``campaign`` into ``out`` as ``testbed run`` does."""
     import trio
 
+    from testbed import api
     from testbed.host.ledger import Ledger, clean_dead_runs, open_run_ledger, run_state_dir
-    from testbed.run.episode import EpisodeRunner
     from testbed.run.loop import run_campaign
 
     workdir = directory("--workdir", args.workdir)
@@ -80,20 +78,17 @@ def _execute(args: argparse.Namespace, campaign: Any, out: Path, attempts: Any, 
         raise UserError("options.link_log: packet logs are written by runs in this process "
                         "(--jobs), not on a cluster; drop --cluster or link_log")
     out_console = console()
+    if cluster is None:
+        api.run(campaign, out, resume=resume, extend=extend, jobs=jobs,
+                backend=args.backend, workdir=workdir, console=out_console,
+                repeats=attempts.repeats, rerun_disturbed=attempts.rerun_disturbed)
+        return
     label = str(Path(out).absolute())
     if resume or extend:  # what a killed run on this directory left behind
         for item in clean_dead_runs(run_state_dir(), label=label):
             out_console.print(f"removed {item} (left by an interrupted run)")
 
     async def main(ledger: Ledger) -> None:
-        if cluster is None:
-            runner = EpisodeRunner(campaign, workdir_root=workdir, backend=args.backend,
-                                   ledger=ledger, link_log_dir=out / "links",
-                                   shared_emulator=jobs > 1)
-            await run_campaign(campaign, out, resume=resume, extend=extend,
-                               jobs=jobs, runner=runner, console=out_console,
-                               attempts=attempts)
-            return
         from testbed.run.dask_engine import open_dask_engine
 
         async with open_dask_engine(cluster, backend=args.backend, workdir=workdir,
@@ -107,18 +102,24 @@ def _execute(args: argparse.Namespace, campaign: Any, out: Path, attempts: Any, 
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from testbed.report.build import build_report
+    from testbed import api
 
     run_dir = Path(args.dir)
     if not (run_dir / "episodes.parquet").exists():
         raise UserError(f"{run_dir} has no episodes.parquet "
                         "(run a campaign into it first, or finish it with --resume)")
     out_console = console()
-    summary = build_report(run_dir, draws=args.draws, seed=args.seed, console=out_console,
-                           episode=args.episode, exclude_disturbed=args.exclude_disturbed)
+    summary = api.report(run_dir, draws=args.draws, seed=args.seed, console=out_console,
+                         episode=args.episode, exclude_disturbed=args.exclude_disturbed)
     out_console.print(f"report: {run_dir / 'report.md'} ({len(summary.get('tables', []))} "
                       f"tables, {len(summary.get('figures', []))} figures)")
     return 0
+
+
+def _plugin_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                        help="import a policy plugin (a module on sys.path or a .py file) "
+                             "before the campaign is read; every node imports it too")
 
 
 def register(sub: Any) -> None:
@@ -132,6 +133,7 @@ def register(sub: Any) -> None:
     p.add_argument("--backend", choices=list(BACKENDS), help="backend to plan for")
     p.add_argument("--repeats", type=positive_int, default=1, metavar="R",
                    help="repeats the expected resolution assumes (default 1)")
+    _plugin_flag(p)
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("run", help="run a campaign (a preset name or a TOML file)")
@@ -164,6 +166,7 @@ def register(sub: Any) -> None:
     p.add_argument("--workdir", metavar="DIR", help="where node stores and sockets live "
                                                     "(default: a fresh directory under /tmp)")
     add_precision_arguments(p)
+    _plugin_flag(p)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("report", help="tables, figures and report.md for a results directory")

@@ -23,7 +23,9 @@ Rules this module obeys:
    one at a time, whatever ``jobs`` is (docs/campaigns.md).
 4. The manifest records every network the campaign runs (definition, trace files with
    size and SHA-256; ``testbed.campaign.networks.network_provenance``); ``--resume`` and
-   ``--extend`` refuse a run whose recorded trace files have changed since.
+   ``--extend`` refuse a run whose recorded trace files have changed since; the same for
+   its policy plugins (distribution, version, source SHA-256;
+   ``testbed.campaign.plugins``).
 5. An aborted episode (the runner raised :class:`EpisodeAborted`, or it outlived
    ``options.episode_timeout_s`` by :data:`BACKSTOP_GRACE_S`) is recorded with
    ``aborted = True`` and its reason, no action rows and no costs (nothing imputed);
@@ -56,6 +58,8 @@ from rich.progress import (
 from testbed.campaign.model import Campaign, CampaignError, episode_key
 from testbed.campaign.networks import changed_files, network_provenance
 from testbed.campaign.parse import recorded_campaign
+from testbed.campaign.plugins import changed as changed_plugins
+from testbed.campaign.plugins import provenance as plugin_provenance
 from testbed.campaign.workload import Schedule
 from testbed.host.userns import privilege
 from testbed.results.provenance import (
@@ -104,6 +108,7 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
                                 "(or --extend to grow it) or choose another --out")
         extended_from = _check_same_campaign(run_dir, campaign, extend=extend)
     networks = network_provenance(campaign)  # hashes the trace files before anything runs
+    plugins = plugin_provenance(campaign)
     t0 = time.monotonic()
     run_dir.open()
     status = "interrupted"
@@ -125,6 +130,8 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
             system={**host_description(), "privilege": privilege()},
             execution=engine.describe(),
             networks={**previous.get("networks", {}), **networks},
+            **({"plugins": {**previous.get("plugins", {}), **plugins}}
+               if plugins or "plugins" in previous else {}),
             sessions=[*sessions, session], status="running")
         done = run_dir.completed()
         episodes = campaign.episodes()
@@ -249,7 +256,8 @@ def _check_same_campaign(run_dir: RunDir, campaign: Campaign, *,
                             "written by `testbed run`")
     new = campaign.config()
     flag = "--extend" if extend else "--resume"
-    changed = changed_files(manifest.get("networks") or {})
+    changed = changed_files(manifest.get("networks") or {}) \
+        or changed_plugins(manifest.get("plugins") or {})
     if changed is not None:
         raise CampaignError(f"{flag}: {changed}")
     if not extend:

@@ -8,6 +8,9 @@ through the real transport (same code as node-to-node calls):
 - record install latency (one compact record per call, over a pooled connection),
   p50, with the node's store at durability ``full`` and ``normal``;
 - head queries per second: many concurrent callers on one pooled connection;
+- the same head query as a policy-defined method (``testbed.tools.bench_policy``, a
+  plugin the node loads), alternated call by call with the built-in one on one pooled
+  connection: ``policy_rpc_p50_ms`` against ``heads_alternating_p50_ms``;
 - the floor: a raw TCP echo of 200 B between two plain Python processes
   (``testbed.tools.raw_echo``), measured in the same run, and the head-query p50s as
   multiples of it (``reuse_vs_raw``, ``fresh_vs_raw``).
@@ -33,10 +36,11 @@ from typing import Any
 import trio
 
 from nodes.client import RpcClient, open_rpc_client
-from nodes.rpc import call_heads, call_install
+from nodes.rpc import call_heads, call_install, call_policy
 from nodes.transport import Counters
 from protocols.records import make_record
 from testbed.run.team import Team, key_owners, open_team
+from testbed.tools import bench_policy
 from testbed.tools.raw_echo import measure_raw_echo
 
 PROBE = "bench"
@@ -70,8 +74,8 @@ async def _bench_team(workdir: Path, durability: str, calls: int) -> dict[str, A
     owners = key_owners([NODE], len(KEYS))
     async with open_team(agents=[NODE], central=False, hosts={NODE: (None, "127.0.0.1")},
                          workdir=workdir, campaign_seed=1, connection="reuse",
-                         policy="local_replica", durability=durability, owners=owners,
-                         probes=[PROBE]) as team:
+                         policy=bench_policy.NAME, durability=durability, owners=owners,
+                         probes=[PROBE], plugins=[bench_policy.MODULE]) as team:
         await team.call(NODE, "seed", key=KEYS[0], content=b"x" * 200, rtype="requirement")
         out: dict[str, Any] = {}
 
@@ -87,6 +91,20 @@ async def _bench_team(workdir: Path, durability: str, calls: int) -> dict[str, A
             await _timed(20, lambda i: call_install(client, NODE, [records[i]]))
             return await _timed(calls // 4,
                                 lambda i: call_install(client, NODE, [records[20 + i]]))
+
+        async def alternating(client: RpcClient) -> tuple[list[float], list[float]]:
+            built_in: list[float] = []
+            policy: list[float] = []
+            body = {"keys": KEYS}
+            for i in range(calls + 50):  # the first 50 of each warm up
+                for samples, call in ((built_in, lambda: call_heads(
+                        client, team.roster, NODE, KEYS)), (policy, lambda: call_policy(
+                        client, NODE, bench_policy.HEADS, body)))[::1 if i % 2 else -1]:
+                    t0 = time.perf_counter()
+                    await call()
+                    if i >= 50:
+                        samples.append((time.perf_counter() - t0) * 1e3)
+            return built_in, policy
 
         async def throughput(client: RpcClient) -> float:
             total, workers = calls * 2, 16
@@ -106,6 +124,7 @@ async def _bench_team(workdir: Path, durability: str, calls: int) -> dict[str, A
             out["reuse"] = await _client_run(team, "reuse", heads)
             out["fresh"] = await _client_run(team, "fresh", lambda c: _fresh(c, team, calls))
             out["heads_per_s"] = await _client_run(team, "reuse", throughput)
+            out["alternating"] = await _client_run(team, "reuse", alternating)
         return out
 
 
@@ -137,6 +156,10 @@ async def bench_rpc(*, calls: int = 2000, workdir: Path | None = None) -> dict[s
         "install_full_p50_ms": round(_percentile(full["install"], 0.50), 4),
         "install_normal_p50_ms": round(_percentile(normal["install"], 0.50), 4),
         "heads_per_s": round(full["heads_per_s"], 1),
+        "heads_alternating_p50_ms": round(_percentile(full["alternating"][0], 0.50), 4),
+        "policy_rpc_p50_ms": round(_percentile(full["alternating"][1], 0.50), 4),
+        "policy_rpc_vs_heads": round(_percentile(full["alternating"][1], 0.50)
+                                     / _percentile(full["alternating"][0], 0.50), 3),
         "samples": {"reuse": len(full["reuse"]), "fresh": len(full["fresh"]),
                     "install_full": len(full["install"]),
                     "install_normal": len(normal["install"])},

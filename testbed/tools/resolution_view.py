@@ -62,10 +62,10 @@ def _needed(templates: int | None, target: float) -> str:
     return f"±{100 * target:.0f}%: ~{templates} templates"
 
 
-def print_resolution(campaign: Campaign, console: Any, *, repeats: int = 1) -> None:
+def resolution_report(campaign: Campaign, *, repeats: int = 1) -> list[str]:
+    """``check``'s lines: a heading and one line per comparison (none without pairs)."""
     lines = resolution_lines(campaign, repeats=repeats)
-    if lines:
-        console.print("expected resolution of the paired stall comparisons (from the stored "
-                      "spread of earlier runs; docs/reports.md, 'Resolution'):")
-        for line in lines:
-            console.print(f"  {line}")
+    if not lines:
+        return []
+    return ["expected resolution of the paired stall comparisons (from the stored spread "
+            "of earlier runs; docs/reports.md, 'Resolution'):", *(f"  {x}" for x in lines)]
