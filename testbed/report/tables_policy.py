@@ -88,7 +88,8 @@ def _paired_table(
         rows=rows,
         legend="Change = PlanFence median / other median - 1 over templates with identical "
         "schedules (aborted episodes dropped with their pair); 95% two-stage bootstrap "
-        "interval; 'tie' marks a difference under 10% of the larger median.",
+        "interval, its resolution (half-width) and the verdict against the 10% tie band: "
+        "lower, higher, tie, or unresolved at this size when the interval straddles the band.",
         findings=findings,
     )
 
