@@ -80,11 +80,16 @@ def check(campaign: Campaign, *, jobs: int = 1, backend: str | None = None,
 
 def run(campaign: Campaign, out: str | Path, *, resume: bool = False, extend: bool = False,
         jobs: int | None = None, backend: str | None = None, workdir: str | Path | None = None,
-        console: Console | None = None, repeats: int = 1,
-        rerun_disturbed: int = 0) -> RunSummary:
+        console: Console | None = None, repeats: int = 1, rerun_disturbed: int = 0,
+        host_lanes: int | None = None, allow_dirty: bool = False) -> RunSummary:
     """Run ``campaign`` into ``out`` (``resume``: finish an interrupted run there);
     ``repeats`` runs per episode and ``rerun_disturbed`` reruns of a disturbed one
-    (docs/campaigns.md, "Attempts")."""
+    (docs/campaigns.md, "Attempts").
+
+    The run holds lanes of the host's budget (``host_lanes``, default 8 per CPU;
+    docs/campaigns.md, "Host-wide lanes") beside other runs on this host; a run into
+    the repository's results/ needs a committed checkout unless ``allow_dirty``."""
+    from testbed.host.lanes import HostLanes
     from testbed.host.ledger import Ledger, clean_dead_runs, open_run_ledger, run_state_dir
     from testbed.run.attempts import AttemptPolicy
     from testbed.run.episode import EpisodeRunner
@@ -109,9 +114,12 @@ def run(campaign: Campaign, out: str | Path, *, resume: bool = False, extend: bo
     async def main(ledger: Ledger) -> None:
         runner = EpisodeRunner(campaign, workdir_root=root, backend=backend, ledger=ledger,
                                link_log_dir=out / "links", shared_emulator=lanes > 1)
-        summary.append(await run_campaign(campaign, out, resume=resume, extend=extend,
-                                          jobs=lanes, runner=runner, console=printer,
-                                          attempts=attempts))
+        with HostLanes(ledger.prefix, budget=host_lanes, campaign=campaign.name,
+                       label=label) as host:
+            summary.append(await run_campaign(campaign, out, resume=resume, extend=extend,
+                                              jobs=lanes, runner=runner, console=printer,
+                                              host=host, allow_dirty=allow_dirty,
+                                              attempts=attempts))
 
     with open_run_ledger(label) as ledger:
         trio.run(main, ledger)

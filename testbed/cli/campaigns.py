@@ -81,7 +81,8 @@ def _execute(args: argparse.Namespace, campaign: Any, out: Path, attempts: Any, 
     if cluster is None:
         api.run(campaign, out, resume=resume, extend=extend, jobs=jobs,
                 backend=args.backend, workdir=workdir, console=out_console,
-                repeats=attempts.repeats, rerun_disturbed=attempts.rerun_disturbed)
+                repeats=attempts.repeats, rerun_disturbed=attempts.rerun_disturbed,
+                host_lanes=args.host_lanes, allow_dirty=args.allow_dirty)
         return
     label = str(Path(out).absolute())
     if resume or extend:  # what a killed run on this directory left behind
@@ -95,7 +96,8 @@ def _execute(args: argparse.Namespace, campaign: Any, out: Path, attempts: Any, 
                                     allow_mixed_backends=mixed) as engine:
             await engine.survey(campaign)
             await run_campaign(campaign, out, resume=resume, extend=extend,
-                               engine=engine, console=out_console, attempts=attempts)
+                               engine=engine, console=out_console, attempts=attempts,
+                               allow_dirty=args.allow_dirty)
 
     with open_run_ledger(label) as ledger:
         trio.run(main, ledger)
@@ -152,10 +154,17 @@ def register(sub: Any) -> None:
                    help="run N topologies at once in this process (default: the "
                         "campaign's [execution] jobs, else 1; for emulated links, where "
                         "episodes wait on the link; loopback units always run alone)")
+    p.add_argument("--host-lanes", type=positive_int, default=None, metavar="N",
+                   help="lanes all `testbed run`s on this host may hold at once, as this "
+                        "run counts them (default: $TESTBED_HOST_LANES, else 8 per CPU); "
+                        "a loopback cell holds the whole host (docs/campaigns.md)")
     p.add_argument("--cluster", metavar="SPEC",
                    help="run the work units on a dask cluster: local:N (N worker "
                         "processes here) or tcp://HOST:PORT of a scheduler with `testbed "
                         "worker`s (default: the campaign's [execution] cluster, else here)")
+    p.add_argument("--allow-dirty", action="store_true",
+                   help="write into the repository's results/ from a checkout with "
+                        "uncommitted changes (refused otherwise; the manifest records it)")
     p.add_argument("--allow-mixed-backends", action="store_true",
                    help="let cluster workers run shaped networks on different link backends")
     p.add_argument("--templates", type=int, metavar="N",

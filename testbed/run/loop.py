@@ -61,6 +61,7 @@ from testbed.campaign.parse import recorded_campaign
 from testbed.campaign.plugins import changed as changed_plugins
 from testbed.campaign.plugins import provenance as plugin_provenance
 from testbed.campaign.workload import Schedule
+from testbed.host.lanes import HostLanes
 from testbed.host.userns import privilege
 from testbed.results.provenance import (
     git_revision,
@@ -68,6 +69,7 @@ from testbed.results.provenance import (
     lock_file,
     package_versions,
 )
+from testbed.results.reference import check_reference_run
 from testbed.results.rundir import RunDir
 from testbed.results.schema import (
     RUNNER_ACTION_FIELDS,
@@ -87,11 +89,15 @@ from testbed.run.units import EpisodeOutcome, plan_units
 async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
                        console: Console, runner: Runner | None = None,
                        engine: Engine | None = None, extend: bool = False,
-                       jobs: int = 1, attempts: AttemptPolicy | None = None) -> RunSummary:
+                       jobs: int = 1, attempts: AttemptPolicy | None = None,
+                       host: HostLanes | None = None, allow_dirty: bool = False) -> RunSummary:
     """Run every not-yet-committed episode of ``campaign`` into ``out_dir``.
 
     ``engine`` runs the work units (default: :class:`LocalEngine` over ``runner`` with
-    ``jobs`` lanes); ``attempts`` the repeats and reruns of each episode (rule 6).
+    ``jobs`` lanes, holding lanes of the host's budget ``host`` if given; the progress
+    line then says who holds the host); ``attempts`` the repeats and reruns of each
+    episode (rule 6). A run into the repository's results/ needs a committed checkout
+    unless ``allow_dirty`` (``testbed.results.reference``).
     """
     policy = attempts or AttemptPolicy()
     if not (isinstance(jobs, int) and jobs >= 1):
@@ -99,7 +105,8 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
     if engine is None:
         if runner is None:
             raise ValueError("run_campaign: give a runner or an engine")
-        engine = LocalEngine(runner, jobs=jobs)
+        engine = LocalEngine(runner, jobs=jobs, host=host)
+    reference = check_reference_run(Path(out_dir), allow_dirty=allow_dirty)
     run_dir = RunDir(out_dir)
     extended_from: dict[str, int] | None = None
     if not run_dir.is_empty():
@@ -126,7 +133,7 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
         run_dir.update_manifest(
             started_at=previous.get("started_at", session["started_at"]),
             campaign=campaign.name, source=campaign.source, config=campaign.config(),
-            versions=package_versions(), lock=lock_file(), git=git_revision(),
+            versions=package_versions(), lock=lock_file(), git={**git_revision(), **reference},
             system={**host_description(), "privilege": privilege()},
             execution=engine.describe(),
             networks={**previous.get("networks", {}), **networks},
@@ -143,9 +150,11 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
                 plans[episode_key(c, t)] = plan
         todo = [(c, t) for c, t in episodes if episode_key(c, t) in plans]
         slots = len(episodes) * policy.repeats
-        task = progress.add_task("episodes", total=slots,
+        task = progress.add_task("episodes", total=slots, host="",
                                  completed=slots - sum(len(p.slots) for p in plans.values()))
         progress.start()
+        if host is not None:
+            host.on_status = lambda text: _host_status(progress, task, text)
         noted: set[str] = set()
 
         def on_start(key: str) -> None:
@@ -292,8 +301,16 @@ def _check_same_campaign(run_dir: RunDir, campaign: Campaign, *,
 def _progress(console: Console) -> Progress:
     return Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                     MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("ETA"),
-                    TimeRemainingColumn(), console=console, transient=False,
-                    refresh_per_second=2)
+                    TimeRemainingColumn(), TextColumn("{task.fields[host]}"),
+                    console=console, transient=False, refresh_per_second=2)
+
+
+def _host_status(progress: Progress, task: Any, text: str) -> None:
+    """Who holds the host, on the progress line; waiting is also printed once per
+    change, so a log (not a terminal) says why the run stood still."""
+    progress.update(task, host=text)
+    if "waiting" in text:
+        progress.console.print(text)
 
 
 def _now() -> str:
