@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import sys
 from pathlib import Path
 from typing import Any
 
 from testbed.cli.common import (
     DEFAULT_RESULTS,
+    EXIT_UNITS_FAILED,
     console,
     directory,
     positive_int,
@@ -48,23 +51,30 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.until_resolved is not None:
         from testbed.tools.until_resolved import run_until_resolved
 
-        def execute(grown: Any, attempts: Any, resume: bool, extend: bool) -> None:
-            _execute(args, grown, out, attempts, resume=resume, extend=extend)
+        summaries: list[Any] = []
 
-        return run_until_resolved(args, campaign, out, execute, console())
-    _execute(args, campaign, out, AttemptPolicy(args.repeats, args.rerun_disturbed),
-             resume=args.resume, extend=args.extend)
+        def execute(grown: Any, attempts: Any, resume: bool, extend: bool) -> None:
+            summaries.append(_execute(args, grown, out, attempts, resume=resume,
+                                      extend=extend))
+
+        status = run_until_resolved(args, campaign, out, execute, console())
+        return max([status, *(_ended(summary) for summary in summaries)])
+    summary = _execute(args, campaign, out, AttemptPolicy(args.repeats, args.rerun_disturbed),
+                       resume=args.resume, extend=args.extend)
     console().print(f"results: {out}")
-    return 0
+    return _ended(summary)
 
 
 def _execute(args: argparse.Namespace, campaign: Any, out: Path, attempts: Any, *,
-             resume: bool, extend: bool) -> None:
-    """Run (or resume, or extend) ``campaign`` into ``out`` as ``testbed run`` does."""
+             resume: bool, extend: bool) -> Any:
+    """Run (or resume, or extend) ``campaign`` into ``out`` as ``testbed run`` does; the
+    run's summary (``RunSummary``)."""
     import trio
 
     from testbed import api
-    from testbed.host.ledger import Ledger, clean_dead_runs, open_run_ledger, run_state_dir
+    from testbed.host.ledger import Ledger, clean_dead_runs, run_state_dir
+    from testbed.run.contract import RunSummary
+    from testbed.run.failures import contained_ledger
     from testbed.run.loop import run_campaign
 
     workdir = directory("--workdir", args.workdir)
@@ -79,28 +89,39 @@ def _execute(args: argparse.Namespace, campaign: Any, out: Path, attempts: Any, 
                         "(--jobs), not on a cluster; drop --cluster or link_log")
     out_console = console()
     if cluster is None:
-        api.run(campaign, out, resume=resume, extend=extend, jobs=jobs,
-                backend=args.backend, workdir=workdir, console=out_console,
-                repeats=attempts.repeats, rerun_disturbed=attempts.rerun_disturbed,
-                host_lanes=args.host_lanes, allow_dirty=args.allow_dirty)
-        return
+        return api.run(campaign, out, resume=resume, extend=extend, jobs=jobs,
+                       backend=args.backend, workdir=workdir, console=out_console,
+                       repeats=attempts.repeats, rerun_disturbed=attempts.rerun_disturbed,
+                       host_lanes=args.host_lanes, allow_dirty=args.allow_dirty)
     label = str(Path(out).absolute())
-    if resume or extend:  # what a killed run on this directory left behind
-        for item in clean_dead_runs(run_state_dir(), label=label):
+    if resume or extend:  # what a killed run (this one's, or any) left behind
+        for item in clean_dead_runs(run_state_dir()):
             out_console.print(f"removed {item} (left by an interrupted run)")
 
-    async def main(ledger: Ledger) -> None:
+    async def main(ledger: Ledger) -> RunSummary:
         from testbed.run.dask_engine import open_dask_engine
 
         async with open_dask_engine(cluster, backend=args.backend, workdir=workdir,
                                     allow_mixed_backends=mixed) as engine:
             await engine.survey(campaign)
-            await run_campaign(campaign, out, resume=resume, extend=extend,
-                               engine=engine, console=out_console, attempts=attempts,
-                               allow_dirty=args.allow_dirty)
+            return await run_campaign(campaign, out, resume=resume, extend=extend,
+                                      engine=engine, console=out_console, attempts=attempts,
+                                      allow_dirty=args.allow_dirty)
 
-    with open_run_ledger(label) as ledger:
-        trio.run(main, ledger)
+    with contained_ledger(label) as (ledger, left):
+        summary = trio.run(main, ledger)
+    return dataclasses.replace(summary, left=tuple(left))
+
+
+def _ended(summary: Any) -> int:
+    """Exit status 4 and one line per kind of trouble when units failed or the run
+    could not remove what it made (testbed.run.failures rule 5)."""
+    from testbed.run.failures import ending_lines
+
+    lines = ending_lines(summary)
+    for line in lines:
+        print(line, file=sys.stderr)
+    return EXIT_UNITS_FAILED if lines else 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
