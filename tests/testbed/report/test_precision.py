@@ -157,6 +157,16 @@ def test_growth_stops_when_the_target_is_below_the_floor() -> None:
     assert step.reason.startswith("not reachable")
 
 
+def test_a_resolution_from_one_template_per_family_is_not_trusted() -> None:
+    step = next_size(Size(3, 1), 0.12, 0.15, max_templates=30, max_repeats=2)
+    assert step.size == Size(6, 1)
+    assert "not trusted" in step.reason
+    capped = next_size(Size(3, 1), 0.12, 0.15, max_templates=3, max_repeats=2)
+    assert capped.size is None
+    assert not capped.resolved
+    assert next_size(Size(6, 1), 0.12, 0.15, max_templates=30, max_repeats=2).resolved
+
+
 def test_unmeasurable_resolution_counts_as_unresolved() -> None:
     step = next_size(Size(6, 1), float("nan"), 0.2, max_templates=9, max_repeats=1)
     assert step.size == Size(9, 1)

@@ -78,10 +78,11 @@ def test_until_resolved_grows_templates_and_says_why_it_stopped(tmp_path: Path) 
     assert episodes["template"].nunique() == 6
     assert (episodes.groupby("episode")["repeat"].nunique() == 2).all()
     assert not episodes.duplicated(["episode", "attempt"]).any()
-    # a target any run meets: resolved in the first round, nothing grows
+    # a target any run meets: resolved, but only once two templates per family back it
     again = _testbed("run", str(path), "--out", str(tmp_path / "wide"), "--until-resolved",
                      "99", "--compare", "planfence:batched_all_key", cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
+    assert "until-resolved: growing, templates 3 -> 6" in again.stdout
     assert "until-resolved: resolved" in again.stdout
     # naming a policy the grid does not have is the user's error, in one line
     bad = _testbed("run", str(path), "--out", str(tmp_path / "bad"), "--until-resolved", "5",
