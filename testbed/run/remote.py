@@ -176,10 +176,8 @@ def run_unit_task(task: UnitTask) -> UnitReport:
     except Exception as exc:  # rule 5: around run_unit, e.g. the ledger's own teardown
         reason = failure_reason(exc)
         done = {o.key for o in report.outcomes}
-        lost = [EpisodeOutcome(key, cell, template, None, unit_reason(stage, reason), 0.0,
-                               "", unit.group, {}, worker_host())
-                for key, (cell, template) in zip(unit.keys, unit.episodes, strict=True)
-                if key not in done]
+        lost = [o for o in lost_outcomes(unit, unit_reason(stage, reason), worker_host())
+                if o.key not in done]
         report.outcomes.extend(lost)
         report.failures.append(UnitFailure(unit.group.id, stage, reason,
                                            tuple(o.key for o in lost), 1, worker_host(),
