@@ -48,7 +48,8 @@ from testbed.host.processes import process_start_ticks, same_process, stop_proce
 from testbed.host.userns import in_user_namespace, outer_uid
 
 STATE_DIR = Path("/run/planfence-testbed")
-TMPDIR_KINDS = ("planfence", "pft-ctl")  # node stores and logs; control sockets
+#: Node stores and logs; control sockets; the model relay's Unix sockets (live campaigns).
+TMPDIR_KINDS = ("planfence", "pft-ctl", "pft-model")
 
 
 def run_state_dir() -> Path:

@@ -30,6 +30,9 @@ Rules this module obeys:
    its ``scheduled_actions`` keep its slots in availability denominators. The group's
    topology and processes are then closed and reopened before the next episode, so a
    dead node cannot abort the rest of the group.
+6. A live campaign's model endpoint is probed before anything is created: unreachable is
+   a one-line HostError, a model it does not serve a one-line UserError; the manifest
+   records the model name and the server's reported version (never the API key).
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from testbed.campaign.networks import changed_files, network_provenance
 from testbed.campaign.parse import recorded_campaign
 from testbed.campaign.workload import Schedule
 from testbed.host.userns import privilege
+from testbed.results.decisions import write_decisions
 from testbed.results.provenance import (
     git_revision,
     host_description,
@@ -71,6 +75,7 @@ from testbed.results.schema import (
 from testbed.results.summary import print_summary
 from testbed.run.contract import EpisodeResult, Runner, RunSummary
 from testbed.run.engines import Engine, LocalEngine
+from testbed.run.model_access import probe_model
 from testbed.run.units import EpisodeOutcome, plan_units
 
 
@@ -97,6 +102,7 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
                                 "(or --extend to grow it) or choose another --out")
         extended_from = _check_same_campaign(run_dir, campaign, extend=extend)
     networks = network_provenance(campaign)  # hashes the trace files before anything runs
+    model = await probe_model(campaign)  # a live campaign's endpoint, before any episode
     t0 = time.monotonic()
     run_dir.open()
     status = "interrupted"
@@ -116,7 +122,8 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
             system={**host_description(), "privilege": privilege()},
             execution=engine.describe(),
             networks={**previous.get("networks", {}), **networks},
-            sessions=[*sessions, session], status="running")
+            sessions=[*sessions, session], status="running",
+            **({"model": model} if model is not None else {}))
         done = run_dir.completed()
         episodes = campaign.episodes()
         todo = [(c, t) for c, t in episodes if episode_key(c, t) not in done]
@@ -171,6 +178,9 @@ def commit_outcome(campaign: Campaign, run_dir: RunDir, outcome: EpisodeOutcome)
         run_dir.record_episode(key, [], episode_row)
         return True
     actions, episode_row = _rows(base, campaign, schedule, outcome.result, outcome.wall_s, key)
+    if outcome.result.decisions:  # before the commit point: a committed episode has them
+        write_decisions(run_dir.path, key, outcome.result.decisions,
+                        {k: base[k] for k in ("episode", "cell", "policy", "family", "template")})
     run_dir.record_episode(key, actions, {**episode_row, "worker": outcome.worker})
     return False
 
