@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from testbed.report.load import Run
 from testbed.report.table_common import Options
 from testbed.report.tables_costs import artifact_tables, batch_tables, cost_tables
+from testbed.report.tables_live import live_tables
 from testbed.report.tables_policy import policy_tables, sync_tables
 from testbed.report.tables_study import (
     density_tables,
@@ -44,6 +45,7 @@ BUILDERS: Sequence[Callable[[Run, Options], list[Table]]] = (
 TRIAL_BUILDERS: Sequence[Callable[[Run, Options], list[Table]]] = (
     replanning_tables,
     handoff_tables,
+    live_tables,
 )
 
 
