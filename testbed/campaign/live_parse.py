@@ -14,6 +14,7 @@ Rules (``testbed.campaign.parse`` rule 1 holds here too: one line naming the fie
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from typing import Any
 from testbed.campaign.decisions import RecordedDecisions, load_recorded
 from testbed.campaign.endpoint import ModelSettings, model_from_data, parse_model
 from testbed.campaign.live import EXECUTOR_INPUTS, LIVE_KIND, OVERLAPS
-from testbed.campaign.model import CampaignError
+from testbed.campaign.model import Campaign, CampaignError
 from testbed.campaign.workload import template_family
 
 
@@ -81,3 +82,15 @@ def live_grid_value(name: str, value: Any, where: str) -> str:
     if isinstance(value, str) and value in choices:
         return value
     raise CampaignError(f"{where}: {value!r} is not allowed; allowed: {', '.join(choices)}")
+
+
+def with_endpoint(campaign: Campaign, *, base_url: str | None = None,
+                  model: str | None = None) -> Campaign:
+    """The campaign pointed at another endpoint (``testbed run --model-url --model``);
+    the fields are checked as ``[model]`` fields are."""
+    if campaign.kind != LIVE_KIND or campaign.model is None:
+        raise CampaignError(f"--model-url/--model: only for kind = {LIVE_KIND!r} campaigns; "
+                            f"{campaign.name!r} is of kind {campaign.kind!r}")
+    changed = {k: v for k, v in (("base_url", base_url), ("model", model)) if v is not None}
+    data = {k: v for k, v in {**campaign.model.to_data(), **changed}.items() if v is not None}
+    return dataclasses.replace(campaign, model=parse_model(data))

@@ -23,6 +23,10 @@ def _load(args: argparse.Namespace) -> Any:
     campaign = load_campaign(args.campaign)
     if args.templates is not None:
         campaign = campaign.with_templates(args.templates)
+    if args.model_url is not None or args.model is not None:
+        from testbed.campaign.live_parse import with_endpoint
+
+        campaign = with_endpoint(campaign, base_url=args.model_url, model=args.model)
     check_backend(campaign, args.backend or campaign.options.backend)
     return campaign
 
@@ -100,6 +104,14 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _model_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model-url", metavar="URL",
+                   help="live campaigns: the endpoint's base URL ([model] base_url), e.g. "
+                        "http://gpu1:8000/v1 (docs/live.md)")
+    p.add_argument("--model", metavar="NAME",
+                   help="live campaigns: the model name the server serves ([model] model)")
+
+
 def register(sub: Any) -> None:
     from testbed.campaign.vocabulary import BACKENDS
 
@@ -109,6 +121,7 @@ def register(sub: Any) -> None:
                    help="lanes the wall-time estimate assumes (default: [execution] jobs, else 1)")
     p.add_argument("--templates", type=int, metavar="N", help="override the template count")
     p.add_argument("--backend", choices=list(BACKENDS), help="backend to plan for")
+    _model_flags(p)
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("run", help="run a campaign (a preset name or a TOML file)")
@@ -140,6 +153,7 @@ def register(sub: Any) -> None:
                         "option, else auto); unshaped ones (loopback) never get one")
     p.add_argument("--workdir", metavar="DIR", help="where node stores and sockets live "
                                                     "(default: a fresh directory under /tmp)")
+    _model_flags(p)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("report", help="tables, figures and report.md for a results directory")
