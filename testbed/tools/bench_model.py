@@ -5,7 +5,8 @@ wall time per attempt.
    socket), and the node's own client path (``nodes.model_client`` + ``nodes.role_calls``:
    prompt, HTTP round trip, parse, log) called back to back; p50 and p90 per call, once
    straight to the server and once through the run's model relay (a Unix socket, as
-   agents with the server ``beside`` them use it). The target is a p50 under 5 ms.
+   agents with the server ``beside`` them use it), beside the floor: the same request as
+   raw bytes on one socket. The target is a p50 under 5 ms.
 2. A live preset at the calibrated latency (median 1.17 s per answer): the ``live``
    preset shrunk to ``--templates`` tasks per arm, run for real (node processes,
    loopback), against the stand-in; wall time per attempt (episode), task duration
@@ -15,6 +16,7 @@ wall time per attempt.
 from __future__ import annotations
 
 import dataclasses
+import json
 import socket
 import statistics
 import tempfile
@@ -65,9 +67,42 @@ async def _calls(endpoint: Endpoint, calls: int) -> dict[str, float]:
     return _quantiles(samples)
 
 
+async def _floor(host: str, port: int, path: str, calls: int) -> dict[str, float]:
+    """The same request as raw bytes on one kept-alive socket: what the server and the
+    host cost without any client library (the floor under the harness's figure)."""
+    doc = task_document(task_content(7, "fulfillment-01", 0))
+    prompt = build_prompt("planner", "fulfillment", requirement=doc, action="act000")
+    body = json.dumps({"model": MODEL, "messages": list(prompt.messages)}).encode()
+    request = (f"POST {path}/chat/completions HTTP/1.1\r\nhost: {host}\r\n"
+               f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+               ).encode() + body
+    samples: list[float] = []
+    stream = await trio.open_tcp_stream(host, port)
+    async with stream:
+        for i in range(calls + 10):
+            started = time.perf_counter()
+            await stream.send_all(request)
+            answer = b""
+            while b"\r\n\r\n" not in answer or len(answer) < _length(answer):
+                answer += await stream.receive_some(65536)
+            if i >= 10:
+                samples.append((time.perf_counter() - started) * 1000)
+    return _quantiles(samples)
+
+
+def _length(answer: bytes) -> int:
+    head, _, _ = answer.partition(b"\r\n\r\n")
+    for line in head.split(b"\r\n"):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return len(head) + 4 + int(value)
+    return len(answer)
+
+
 async def role_call_overhead(base_url: str, calls: int) -> dict[str, Any]:
     url = urlsplit(base_url)
     host, port = url.hostname or "127.0.0.1", url.port or 80
+    floor = await _floor(host, port, url.path.rstrip("/"), calls)
     direct = await _calls(Endpoint(base_url, MODEL, ("tcp", host, port)), calls)
     relay = ModelRelay((host, port))
     with tempfile.TemporaryDirectory(prefix="tb-bench-model-") as tmp:
@@ -79,7 +114,7 @@ async def role_call_overhead(base_url: str, calls: int) -> dict[str, Any]:
             await nursery.start(relay.serve, sock, "bench")
             relayed = await _calls(Endpoint(base_url, MODEL, ("uds", path, 0)), calls)
             nursery.cancel_scope.cancel()
-    return {"direct": direct, "relay": relayed, "target_p50_ms": 5.0}
+    return {"floor": floor, "direct": direct, "relay": relayed, "target_p50_ms": 5.0}
 
 
 async def preset_wall(base_url: str, templates: int, latency: str,
@@ -111,6 +146,7 @@ async def bench_model(console: Console, *, calls: int = 200, templates: int = 6,
     async with open_stand_in("--latency", "zero") as url:
         result["overhead"] = await role_call_overhead(url, calls)
     console.print(f"bench model: role-call overhead p50 "
+                  f"{result['overhead']['floor']['p50_ms']:.2f} ms raw floor, "
                   f"{result['overhead']['direct']['p50_ms']:.2f} ms direct, "
                   f"{result['overhead']['relay']['p50_ms']:.2f} ms through the relay")
     async with open_stand_in("--latency", latency) as url:
