@@ -45,43 +45,62 @@ async def call(server_args: Sequence[str], **settings: object
 
 async def test_a_role_call_records_what_it_was_given_and_what_it_decided() -> None:
     decision, entry, failure = await call([])
-    assert not failure and decision == entry.decision
+    assert not failure
+    assert decision == entry.decision
     assert decision["arguments"]["option"] == satisfying_option(DOC)  # type: ignore[index]
-    assert entry.parents == [PARENT.hex()] and entry.role == "planner"
-    assert entry.completions == 1 and entry.http_attempts == 1 and entry.corrections == 0
-    assert entry.prompt_tokens > 0 and entry.completion_tokens > 0
-    assert entry.ended_t_ns > entry.started_t_ns and entry.latency_ms > 0
-    assert len(entry.prompt_digest) == 32 and len(entry.responses) == 1
+    assert entry.parents == [PARENT.hex()]
+    assert entry.role == "planner"
+    assert entry.completions == 1
+    assert entry.http_attempts == 1
+    assert entry.corrections == 0
+    assert entry.prompt_tokens > 0
+    assert entry.completion_tokens > 0
+    assert entry.ended_t_ns > entry.started_t_ns
+    assert entry.latency_ms > 0
+    assert len(entry.prompt_digest) == 32
+    assert len(entry.responses) == 1
 
 
 async def test_a_malformed_answer_is_corrected_once_then_a_model_failure() -> None:
     decision, entry, failure = await call(["--fault", "malformed"])
-    assert decision is None and entry.decision is None
-    assert "schema violation after 1 correction" in failure and entry.error == failure
-    assert entry.corrections == 1 and entry.completions == 2
+    assert decision is None
+    assert entry.decision is None
+    assert "schema violation after 1 correction" in failure
+    assert entry.error == failure
+    assert entry.corrections == 1
+    assert entry.completions == 2
     assert entry.responses == ['{"tool": "', '{"tool": "']
 
 
 async def test_a_malformed_first_answer_recovers_after_the_correction() -> None:
     decision, entry, failure = await call(["--fault", "malformed", "--fault-first", "1"])
-    assert not failure and entry.corrections == 1 and entry.completions == 2
+    assert not failure
+    assert entry.corrections == 1
+    assert entry.completions == 2
     assert decision["arguments"]["option"] == satisfying_option(DOC)  # type: ignore[index]
 
 
 @pytest.mark.parametrize("fault", ["500", "429", "drop"])
 async def test_failing_answers_are_retried_then_counted(fault: str) -> None:
     decision, entry, failure = await call(["--fault", fault])
-    assert decision is None and entry.decision is None and entry.completions == 0
-    assert entry.http_attempts == 3 and "no answer after 3 attempts" in failure
+    assert decision is None
+    assert entry.decision is None
+    assert entry.completions == 0
+    assert entry.http_attempts == 3
+    assert "no answer after 3 attempts" in failure
     recovered, again, failure = await call(["--fault", fault, "--fault-first", "2"])
-    assert not failure and again.http_attempts == 3 and recovered is not None
+    assert not failure
+    assert again.http_attempts == 3
+    assert recovered is not None
 
 
 async def test_a_slow_answer_times_out_and_is_counted() -> None:
     decision, entry, failure = await call(["--fault", "slow", "--slow-s", "20"],
                                           timeout_s=0.5, max_retries=1)
-    assert decision is None and "timeout after 0.5 s" in failure
-    assert entry.http_attempts == 2 and entry.latency_ms < 10_000
+    assert decision is None
+    assert "timeout after 0.5 s" in failure
+    assert entry.http_attempts == 2
+    assert entry.latency_ms < 10_000
 
 
 async def test_a_server_that_is_gone_is_a_model_failure() -> None:
@@ -93,4 +112,5 @@ async def test_a_server_that_is_gone_is_a_model_failure() -> None:
     with pytest.raises(ModelFailure, match="ConnectError"):
         await caller.decide(prompt, "act000", [])
     await client.aclose()
-    assert caller.log[0].error and caller.log[0].decision is None
+    assert caller.log[0].error
+    assert caller.log[0].decision is None

@@ -25,10 +25,12 @@ REVISED = task_document(task_content(11, "fulfillment-04", 1))
 def test_the_prompt_holds_role_content_only_and_a_schema_of_every_permitted_option() -> None:
     prompt = build_prompt("planner", "fulfillment", requirement=DOC, action="act000")
     content = user_content(prompt.messages)
-    assert content["role"] == "planner" and content["workflow"] == "fulfillment"
+    assert content["role"] == "planner"
+    assert content["workflow"] == "fulfillment"
     assert set(content["requirement"]) == {"request", "need", "candidates"}
     text = json.dumps(list(prompt.messages))
-    assert "version" not in text and "task" not in content  # grader fields stay out
+    assert "version" not in text
+    assert "task" not in content
     options = prompt.schema["properties"]["arguments"]["properties"]["option"]["enum"]
     assert sorted(options) == sorted(c["id"] for c in DOC["candidates"])
     again = build_prompt("planner", "fulfillment", requirement=DOC, action="act000")
@@ -91,7 +93,9 @@ def test_the_auditor_may_confirm_or_act_but_confirm_takes_no_arguments() -> None
 def test_a_correction_states_the_reason_and_the_tools_never_the_answer() -> None:
     prompt = build_prompt("planner", "fulfillment", requirement=DOC, action="act000")
     messages = correction(prompt, "nonsense", "not one JSON object")
-    assert messages[:2] == prompt.messages and messages[2]["content"] == "nonsense"
+    assert messages[:2] == prompt.messages
+    assert messages[2]["content"] == "nonsense"
     last = messages[-1]["content"]
-    assert "not one JSON object" in last and "ship_from" in last
+    assert "not one JSON object" in last
+    assert "ship_from" in last
     assert str(satisfying_option(DOC)) not in last

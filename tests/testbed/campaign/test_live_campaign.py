@@ -31,10 +31,12 @@ def live(model: dict[str, Any] | None = None, **grid: Any) -> dict[str, Any]:
 def test_a_live_schedule_depends_on_the_task_only() -> None:
     a = live_schedule(seed=3, family="deployment", template="deployment-02")
     b = live_schedule(seed=3, family="deployment", template="deployment-02")
-    assert a.digest == b.digest and a == b
+    assert a.digest == b.digest
+    assert a == b
     roles = live_roles(a)
     assert len({roles.planner, roles.executor, roles.auditor}) == 3
-    assert roles.owner != roles.executor and roles.auditor != roles.owner
+    assert roles.owner != roles.executor
+    assert roles.auditor != roles.owner
     assert a.updates()[0].content == task_content(3, "deployment-02", 1)
     assert correct_option(a.seeds[int(roles.key[1:])].content) != correct_option(
         a.updates()[0].content)
@@ -47,8 +49,10 @@ def test_the_live_grid_and_its_cells() -> None:
     assert len(campaign.cells()) == 8
     cell = campaign.cells()[0]
     assert cell.id.endswith("_exec-local_overlap-none")
-    assert campaign.model is not None and campaign.model.base_url.endswith(":8800/v1")
-    assert "model" in campaign.config() and "api_key_env" in campaign.config()["model"]
+    assert campaign.model is not None
+    assert campaign.model.base_url.endswith(":8800/v1")
+    assert "model" in campaign.config()
+    assert "api_key_env" in campaign.config()["model"]
 
 
 @pytest.mark.parametrize(("field", "value", "allowed"), [
@@ -70,7 +74,8 @@ def test_a_bad_model_field_is_one_line_naming_it(field: str, value: Any, allowed
     with pytest.raises(ModelTableError) as info:
         parse_campaign(live({field: value}))
     message = str(info.value)
-    assert message.startswith(f"model.{field}: ") and allowed in message
+    assert message.startswith(f"model.{field}: ")
+    assert allowed in message
     assert "\n" not in message
 
 
@@ -79,13 +84,13 @@ def test_unknown_model_field_and_misplaced_tables() -> None:
         parse_campaign(live({"api_key": "sk-123"}))
     plain = {"name": "p", "seed": 1, "templates": 3, "model": {},
              "grid": {"policy": ["planfence"], "network": ["loopback"]}}
-    with pytest.raises(CampaignError, match="^model: only for kind = 'live'"):
+    with pytest.raises(CampaignError, match=r"^model: only for kind = 'live'"):
         parse_campaign(plain)
-    with pytest.raises(CampaignError, match="^decisions: only for replay campaigns"):
+    with pytest.raises(CampaignError, match=r"^decisions: only for replay campaigns"):
         parse_campaign({**live(), "decisions": "somewhere"})
-    with pytest.raises(CampaignError, match=r"^grid.agents: 2 is not allowed in a live"):
+    with pytest.raises(CampaignError, match=r"^grid\.agents: 2 is not allowed in a live"):
         parse_campaign(live(agents=[2]))
-    with pytest.raises(CampaignError, match="^grid.overlap: 'sometimes' is not allowed"):
+    with pytest.raises(CampaignError, match=r"^grid\.overlap: 'sometimes' is not allowed"):
         parse_campaign(live(overlap=["sometimes"]))
 
 
@@ -107,10 +112,13 @@ def test_the_cli_refuses_a_bad_model_table_in_one_line(tmp_path: Path) -> None:
     ("live", 3, 90), ("live_fresh_before", 3, 90), ("live_overlap", 4, 36)])
 def test_the_live_presets(preset: str, cells: int, episodes: int) -> None:
     campaign = load_campaign(preset)
-    assert campaign.kind == "live" and campaign.model is not None
-    assert len(campaign.cells()) == cells and len(campaign.episodes()) == episodes
+    assert campaign.kind == "live"
+    assert campaign.model is not None
+    assert len(campaign.cells()) == cells
+    assert len(campaign.episodes()) == episodes
     families = [t.split("-")[0] for t in campaign.templates]
-    assert len(set(families)) == 3 and families.count("fulfillment") == len(families) // 3
+    assert len(set(families)) == 3
+    assert families.count("fulfillment") == len(families) // 3
 
 
 def _fake_live_run(run: Path, decisions: dict[str, list[dict[str, Any]]]) -> None:
@@ -148,7 +156,7 @@ def test_a_replay_campaign_takes_a_live_runs_planner_decisions(tmp_path: Path) -
 def test_decisions_that_changed_or_do_not_exist_are_refused(tmp_path: Path) -> None:
     base = {"name": "r", "seed": 4, "templates": 3,
             "grid": {"policy": ["planfence"], "network": ["loopback"]}}
-    with pytest.raises(UserError, match="^decisions: .* is not a directory"):
+    with pytest.raises(UserError, match=r"^decisions: .* is not a directory"):
         parse_campaign({**base, "decisions": str(tmp_path / "none")})
     (tmp_path / "empty").mkdir()
     with pytest.raises(DecisionsError, match="has no decisions/"):
