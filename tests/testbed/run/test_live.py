@@ -95,11 +95,19 @@ async def test_table_1b_pattern_and_its_report(stand_in: str, tmp_path: Path) ->
 
 
 async def test_every_role_decision_is_recorded_with_its_exact_parents(
-        stand_in: str, tmp_path: Path) -> None:
+        stand_in: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = "sk-never-written-anywhere-1234"
+    monkeypatch.setenv("PFT_TEST_KEY", secret)  # the agents send it; nothing records it
     campaign = preset("live", stand_in, 3)
+    assert campaign.model is not None
     campaign = dataclasses.replace(campaign, grids=tuple(
-        {**g, "policy": ("planfence",)} for g in campaign.grids))
+        {**g, "policy": ("planfence",)} for g in campaign.grids),
+        model=dataclasses.replace(campaign.model, api_key_env="PFT_TEST_KEY"))
     await run(campaign, tmp_path / "run")
+    written = [p for p in (tmp_path / "run").rglob("*") if p.is_file()]
+    assert not [p for p in written if secret.encode() in p.read_bytes()]
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["model"]["api_key_env"] == "PFT_TEST_KEY"
     calls = list(read_calls(tmp_path / "run"))
     assert len(calls) == 12
     assert {c["role"] for c in calls} == {"planner", "executor", "replan", "auditor"}
