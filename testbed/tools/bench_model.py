@@ -6,7 +6,8 @@ wall time per attempt.
    prompt, HTTP round trip, parse, log) called back to back; p50 and p90 per call, once
    straight to the server and once through the run's model relay (a Unix socket, as
    agents with the server ``beside`` them use it), beside the floor: the same request as
-   raw bytes on one socket. The target is a p50 under 5 ms.
+   raw bytes on one socket, and the client's CPU time per call (which the host's other
+   load does not inflate the way it inflates wall time). The target is a p50 under 5 ms.
 2. A live preset at the calibrated latency (median 1.17 s per answer): the ``live``
    preset shrunk to ``--templates`` tasks per arm, run for real (node processes,
    loopback), against the stand-in; wall time per attempt (episode), task duration
@@ -42,32 +43,35 @@ from testbed.tools.stand_in_process import open_stand_in
 MODEL = "planfence-stand-in"
 
 
-def _quantiles(samples_ms: list[float]) -> dict[str, float]:
+def _quantiles(samples_ms: list[float]) -> dict[str, Any]:
     ordered = sorted(samples_ms)
     return {"calls": len(ordered), "p50_ms": statistics.median(ordered),
             "p90_ms": ordered[int(0.9 * (len(ordered) - 1))],
             "mean_ms": statistics.fmean(ordered)}
 
 
-async def _calls(endpoint: Endpoint, calls: int) -> dict[str, float]:
+async def _calls(endpoint: Endpoint, calls: int) -> dict[str, Any]:
     client = ModelClient(endpoint)
     caller = RoleCaller(client, "bench")
     doc = task_document(task_content(7, "fulfillment-01", 0))
     prompt = build_prompt("planner", "fulfillment", requirement=doc, action="act000")
     samples: list[float] = []
+    cpu_s = 0.0
     try:
         for i in range(calls + 10):
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.process_time()
             await caller.decide(prompt, "act000", [])
             if i >= 10:  # the first calls open the connection and warm the caches
                 samples.append((time.perf_counter() - started) * 1000)
+                cpu_s += time.process_time() - cpu
             caller.log.clear()
     finally:
         await client.aclose()
-    return _quantiles(samples)
+    # this process's CPU per call: the harness's own cost whatever else the host runs
+    return {**_quantiles(samples), "cpu_ms_per_call": cpu_s * 1000 / calls}
 
 
-async def _floor(host: str, port: int, path: str, calls: int) -> dict[str, float]:
+async def _floor(host: str, port: int, path: str, calls: int) -> dict[str, Any]:
     """The same request as raw bytes on one kept-alive socket: what the server and the
     host cost without any client library (the floor under the harness's figure)."""
     doc = task_document(task_content(7, "fulfillment-01", 0))
