@@ -15,7 +15,8 @@ Rules this module obeys (paper, appendices C and C.2, in this testbed's words):
    ``option`` one of the candidate IDs of the requirements given (so it permits the
    inherited action and the fresh alternatives alike); the auditor may also ``confirm``.
 4. A decision is exactly one JSON object ``{"tool": ..., "arguments": {...}}`` (a
-   Markdown code fence around it is tolerated); anything else violates the schema. A
+   Markdown code fence around it, and a reasoning model's leading ``<think>...</think>``
+   block, are tolerated); anything else violates the schema. A
    violation is answered at most ``corrections`` times with a correction that states the
    rejection and the permitted tool names, never the answer; a further violation is a
    model failure (:class:`ModelFailure`, an ``RpcError``, so a policy that needed the
@@ -191,11 +192,12 @@ def user_content(messages: Sequence[Mapping[str, str]]) -> dict[str, Any]:
 # --- decisions (rule 4) -------------------------------------------------------------------
 
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
+_THINK = re.compile(r"^<think>.*?</think>\s*", re.DOTALL)
 
 
 def parse_decision(text: str, schema: Mapping[str, Any]) -> dict[str, Any]:
     """The decision in ``text`` if the schema permits it, else :class:`DecisionError`."""
-    body = text.strip()
+    body = _THINK.sub("", text.strip(), count=1)
     fenced = _FENCE.match(body)
     if fenced:
         body = fenced.group(1)

@@ -54,6 +54,10 @@ def test_a_valid_decision_parses_also_inside_a_code_fence() -> None:
         == option
     assert decision_option(parse_decision(
         '{"tool": "ship_from", "arguments": {"option": "x"}}', prompt.schema)) == "x"
+    thought = f"<think>The need is a region; check each candidate.</think>\n{text}"
+    assert decision_option(parse_decision(thought, prompt.schema)) == option
+    with pytest.raises(DecisionError):  # reasoning alone is no decision
+        parse_decision("<think>Thinking about it.</think>", prompt.schema)
 
 
 @pytest.mark.parametrize(("text", "reason"), [
