@@ -27,7 +27,6 @@ from typing import Any
 import msgpack
 
 from nodes.control import ControlError, field
-from nodes.model_client import Endpoint, EndpointError, ModelClient
 from nodes.node_env import NodeEnv
 from nodes.role_calls import RoleCaller, make_replanner, requirement_of
 from nodes.store import SqliteStore
@@ -77,6 +76,9 @@ class LiveOps:
     async def op_configure_model(self, args: Mapping[str, Any]) -> dict[str, Any]:
         if self.env is None:
             raise ControlError("op: node is not configured yet (send configure first)")
+        # httpx only in the nodes of live campaigns (it adds a second to a loaded start)
+        from nodes.model_client import Endpoint, EndpointError, ModelClient
+
         try:
             endpoint = Endpoint.from_args(field(args, "endpoint", dict))
         except EndpointError as exc:

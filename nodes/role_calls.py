@@ -24,11 +24,10 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
-from nodes.model_client import ModelClient
 from protocols.env import ActionRequest, LocalStore
 from protocols.errors import IntegrityError
 from protocols.identity import Identity
@@ -44,6 +43,9 @@ from protocols.roles import (
     parse_decision,
     task_document,
 )
+
+if TYPE_CHECKING:  # httpx is imported only by nodes that get a model endpoint
+    from nodes.model_client import ModelClient
 
 Replanner = Callable[[ActionRequest, dict[str, bytes], int], Awaitable[ActionRequest]]
 

@@ -27,10 +27,9 @@ import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
-import httpx
 import trio
 
 from testbed.campaign.endpoint import ModelSettings
@@ -42,6 +41,9 @@ from testbed.host.ledger import Ledger
 from testbed.net.topology import Topology
 from testbed.run.relay import ModelRelay
 from testbed.run.team import Team
+
+if TYPE_CHECKING:  # imported when a live campaign probes (not by every run)
+    import httpx
 
 PROBE_TIMEOUT_S = 10.0
 STAND_IN = "planfence-testbed stand-in"
@@ -70,6 +72,8 @@ async def probe_model(campaign: Campaign) -> dict[str, Any] | None:
 
 
 async def probe_endpoint(settings: ModelSettings) -> dict[str, Any]:
+    import httpx
+
     url = settings.base_url
     parts = urlsplit(url)
     root = urlunsplit((parts.scheme, parts.netloc, "", "", ""))
@@ -111,6 +115,8 @@ def _served(response: httpx.Response) -> list[str] | None:
 
 async def _server_version(client: httpx.AsyncClient, root: str) -> dict[str, Any]:
     """What the server says it is (the first of the known endpoints that answers)."""
+    import httpx
+
     for path, pick in (("/version", None), ("/api/version", None),
                        ("/props", ("build_info", "model_path", "total_slots"))):
         try:
