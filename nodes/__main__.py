@@ -1,8 +1,8 @@
 """``python -m nodes --control SOCKET_PATH [--netns NAME] [--log-level LEVEL] [--plugin MODULE]``.
 
-``--plugin`` imports a module before serving, so that policies it registers can be
-named in ``configure`` (tests and experiments add policies this way, without
-touching the registry).
+``--plugin`` imports a module (or a ``.py`` file) before serving, so that policies it
+registers can be named in ``configure``; plugins installed under the entry-point group
+``planfence_testbed.policies`` are imported too (``nodes.plugins``).
 
 The namespace is entered before trio starts, so every socket the node opens (the
 data-plane listener and all client connections) lives in that namespace. The control
@@ -29,7 +29,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "the parent at start, which a controller killed during our "
                              "start-up no longer is")
     parser.add_argument("--plugin", action="append", default=[], metavar="MODULE",
-                        help="import MODULE first (it may register policies)")
+                        help="import MODULE (or a .py file) first; it may register policies")
     args = parser.parse_args(argv)
     logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(),
                         format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s")
@@ -42,16 +42,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"--netns: cannot enter {args.netns!r}: {exc} (errno {exc.errno})",
                   file=sys.stderr)
             return 2
-    import importlib
-
     import trio
 
-    for module in args.plugin:
-        try:
-            importlib.import_module(module)
-        except ImportError as exc:
-            print(f"--plugin: cannot import {module!r}: {exc}", file=sys.stderr)
-            return 2
+    from nodes.plugins import PluginError, load_plugins
+
+    try:  # the installed entry points and --plugin modules, as the controller loaded them
+        load_plugins(args.plugin)
+    except PluginError as exc:
+        print(f"--plugin: {exc}", file=sys.stderr)
+        return 2
 
     import resource
 

@@ -7,7 +7,8 @@ sequential waits an action pays on the network; with ``fresh`` connections each 
 a round also pays the TCP and channel handshakes (counted in ``connections``).
 
 A round takes the phase of the call that opened it: head reads (owner ``heads``,
-``dir_heads``, replica ``versions``) are ``query`` before the operation's first replan
+``dir_heads``, replica ``versions``, and policy-defined methods of phase ``query``) are
+``query`` before the operation's first replan
 and ``revalidation`` after it; content transfers (``fetch``, and anything else) are
 ``fetch``. Bytes of a round are the node's sent plus received frame bytes over the
 round, which is the traffic of the exchanges in it while the node takes part in no other
@@ -52,16 +53,20 @@ class RoundMeter:
     def _traffic(self) -> int:
         return self._counters.bytes_sent + self._counters.bytes_received
 
-    def phase_of(self, method: str) -> str:
-        if method in HEAD_READS:
+    def phase_of(self, method: str, head_read: bool | None = None) -> str:
+        if (method in HEAD_READS) if head_read is None else head_read:
             return "revalidation" if self.replanned else "query"
         return "fetch"
 
-    async def measure(self, method: str, call: Callable[[], Awaitable[T]]) -> T:
-        """Run one remote call, accounting it to the current round (or opening one)."""
+    async def measure(self, method: str, call: Callable[[], Awaitable[T]], *,
+                      head_read: bool | None = None) -> T:
+        """Run one remote call, accounting it to the current round (or opening one).
+        ``head_read`` says whether a policy-defined method reads heads (its ``phase``);
+        None: the built-in method's own kind."""
+        is_head_read = (method in HEAD_READS) if head_read is None else head_read
         if self._in_flight == 0:
             self.rounds += 1
-            self._phase = self.phase_of(method)
+            self._phase = self.phase_of(method, head_read)
             self._start_bytes = self._traffic()
             self._start_ns = time.monotonic_ns()
         self._in_flight += 1
@@ -70,7 +75,7 @@ class RoundMeter:
         finally:
             self._in_flight -= 1
             now = time.monotonic_ns()
-            if method in HEAD_READS:
+            if is_head_read:
                 self.last_head_read_ns = now
                 self.last_head_round_ns = self._start_ns
             if self._in_flight == 0:

@@ -38,13 +38,14 @@ from nodes.node_env import NodeEnv
 from nodes.rpc import Handlers, SelfServingCaller
 from nodes.server import DataPlaneServer, serve_data_plane
 from nodes.service import Service, watch_parent
-from nodes.store import DURABILITY_MODES, SqliteStore, remove_store_files
+from nodes.store import DURABILITY_MODES, PolicyStateArea, SqliteStore, remove_store_files
 from nodes.transport import CONNECTION_SETTINGS, Counters
 from protocols.errors import LocalProtocolError
 from protocols.identity import Identity, Roster
 from protocols.planning import PlanningError, current_inputs, derive_plan, own_record
 from protocols.policies import make_policy
 from protocols.policies.base import Policy
+from protocols.policy_rpc import PolicyContext
 from protocols.records import RECORD_ID_BYTES, RECORD_TYPES, Record
 
 log = logging.getLogger("nodes.node")
@@ -216,6 +217,9 @@ class Node(LiveOps):
 
     def _new_episode_objects(self, cfg: _Config, store: SqliteStore, client: RpcClient) -> None:
         self.policy = make_policy(cfg.policy)
+        ctx = PolicyContext(agent_id=cfg.identity.agent_id, roster=cfg.roster, store=store,
+                            state=PolicyStateArea(store, type(self.policy).name),
+                            policy=self.policy, now=time.monotonic)
         if self.handlers is None:
             self.handlers = Handlers(agent_id=cfg.identity.agent_id, store=store,
                                      roster=cfg.roster, limits=self.limits,
@@ -226,10 +230,11 @@ class Node(LiveOps):
             self.handlers.roster = cfg.roster
             self.handlers.limits = self.limits
         self.handlers.new_episode()
+        self.handlers.set_policy(ctx)
         caller = SelfServingCaller(agent_id=cfg.identity.agent_id, client=client,
                                    handlers=self.handlers)
         self.env = NodeEnv(identity=cfg.identity, roster=cfg.roster, store=store, client=caller,
-                           counters=self.counters)
+                           counters=self.counters, state=ctx.state, memory=ctx.memory)
         self.attach_live(self.env)
 
     async def close(self) -> None:

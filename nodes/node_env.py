@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import trio
 
@@ -26,9 +26,12 @@ from nodes.role_calls import Replanner
 from nodes.store import SqliteStore
 from nodes.transport import Counters
 from protocols.concurrency import run_concurrently
-from protocols.env import ActionRequest, LocalStore
+from protocols.env import ActionRequest, LocalStore, PolicyState
+from protocols.errors import LocalProtocolError
 from protocols.identity import CENTRAL_ID, Identity, Roster
 from protocols.planning import replacement_plan
+from protocols.policies.registry import rpc_named
+from protocols.policy_rpc import MemoryState
 from protocols.records import HeadInfo, Record
 
 T = TypeVar("T")
@@ -38,7 +41,9 @@ class NodeEnv:
     """PolicyEnv over a node's store and RPC client."""
 
     def __init__(self, *, identity: Identity, roster: Roster, store: SqliteStore,
-                 client: rpc.RpcCaller, counters: Counters | None = None) -> None:
+                 client: rpc.RpcCaller, counters: Counters | None = None,
+                 state: PolicyState | None = None, memory: dict[str, Any] | None = None,
+                 ) -> None:
         self.identity = identity
         self.roster = roster
         self.store: LocalStore = store
@@ -48,6 +53,9 @@ class NodeEnv:
         self.meter = RoundMeter(counters or Counters())
         self._replans: dict[str, int] = {}  # action -> replacement plans made so far
         self._reads: dict[str, bytes] = {}
+        #: The policy's areas (the node shares them with the policy's handlers).
+        self.state: PolicyState = state if state is not None else MemoryState()
+        self.memory: dict[str, Any] = {} if memory is None else memory
         #: A live executor's replacement generation (None: replay the recorded decision).
         self.replanner: Replanner | None = None
 
@@ -67,10 +75,11 @@ class NodeEnv:
                            ) -> list[T | BaseException]:
         return await run_concurrently(calls)
 
-    async def _call(self, peer: str, method: str, call: Callable[[], Awaitable[T]]) -> T:
+    async def _call(self, peer: str, method: str, call: Callable[[], Awaitable[T]], *,
+                    head_read: bool | None = None) -> T:
         if peer == self.agent_id:  # answered by our own handlers: no round
             return await call()
-        return await self.meter.measure(method, call)
+        return await self.meter.measure(method, call, head_read=head_read)
 
     # --- data plane --------------------------------------------------------------
     async def owner_heads(self, owner: str, keys: Sequence[str]) -> dict[str, HeadInfo]:
@@ -84,8 +93,21 @@ class NodeEnv:
     async def install_at(self, peer: str, records: Sequence[Record]) -> None:
         await self._call(peer, "install", lambda: rpc.call_install(self.client, peer, records))
 
-    async def announce(self, peer: str, heads: Sequence[HeadInfo]) -> None:
-        await self._call(peer, "announce", lambda: rpc.call_announce(self.client, peer, heads))
+    # --- policy-defined methods ---------------------------------------------------------
+    async def call(self, peer: str, method: str, body: Mapping[str, Any]) -> Any:
+        declared = rpc_named(method)
+        if declared is None:
+            raise LocalProtocolError(f"call: {method!r} is not a policy-defined method")
+        return await self._call(peer, method, lambda: rpc.call_policy(
+            self.client, peer, declared, body), head_read=declared.phase == "query")
+
+    async def call_many(self, calls: Sequence[tuple[str, str, Mapping[str, Any]]]
+                        ) -> list[Any]:
+        def one(peer: str, method: str, body: Mapping[str, Any]
+                ) -> Callable[[], Awaitable[Any]]:
+            return lambda: self.call(peer, method, body)
+
+        return await self.concurrently([one(*c) for c in calls])
 
     async def replica_versions(self, peer: str, keys: Sequence[str]) -> dict[str, HeadInfo]:
         return await self._call(peer, "versions", lambda: rpc.call_versions(

@@ -12,6 +12,10 @@ Rules (the "Data plane" table of docs/architecture.md):
 3. Client helpers check every answer for the expected shape, keys and owners and
    raise :class:`IntegrityError` on a bad one, so policies see either verified data or
    an exception they turn into a block.
+4. Methods a policy declares (``protocols.policy_rpc``) are served for the node's
+   current policy (:attr:`Handlers.policy`): body checked against the schema (a bad one
+   closes the connection as in rule 1), then the policy's handler; a handler's own
+   failure is answered with error ``policy_fault`` on that request alone and logged.
 """
 
 from __future__ import annotations
@@ -26,11 +30,13 @@ from nodes.store import SqliteStore
 from nodes.transport import Counters
 from protocols.errors import (
     IntegrityError,
-    OwnerRuleError,
+    LocalProtocolError,
     RemoteCallError,
     RemoteProtocolError,
 )
 from protocols.identity import CENTRAL_ID, Roster
+from protocols.policy_rpc import POLICY_FAULT, PolicyContext, PolicyFault, Rpc, serve
+from protocols.policy_schema import to_wire
 from protocols.records import (
     MAX_RECORDS_PER_INSTALL,
     RECORD_ID_BYTES,
@@ -106,9 +112,16 @@ class Handlers:
         self.installed: dict[str, tuple[int, int]] = {}  # peer -> (records, bytes) this episode
         self._table: dict[str, Callable[[str, object], dict[str, Any]]] = {
             "heads": self._heads, "fetch": self._fetch, "install": self._install,
-            "announce": self._announce, "versions": self._versions,
-            "commit": self._commit, "dir_heads": self._dir_heads,
+            "versions": self._versions, "commit": self._commit, "dir_heads": self._dir_heads,
         }
+        #: The current policy's methods and what their handlers see (rule 4).
+        self.policy: PolicyContext | None = None
+        self.policy_rpcs: dict[str, Rpc] = {}
+        self.policy_faults = 0
+
+    def set_policy(self, ctx: PolicyContext) -> None:
+        self.policy = ctx
+        self.policy_rpcs = {rpc.name: rpc for rpc in type(ctx.policy).rpcs}
 
     def new_episode(self) -> None:
         self.installed = {}
@@ -118,9 +131,9 @@ class Handlers:
 
     def answer(self, peer_id: str, method: str, params: dict[str, Any]) -> Any:
         handler = self._table.get(method)
-        if handler is None:
-            raise RemoteProtocolError(f"unknown method {method!r}")
         try:
+            if handler is None:
+                return self._policy_method(peer_id, method, params)
             return handler(peer_id, params)
         except sqlite3.Error as exc:  # our store failed (e.g. a full disk): say so
             raise RemoteCallError(STORE_FAILED, f"{type(exc).__name__}: {exc}") from None
@@ -174,15 +187,17 @@ class Handlers:
             return {"installed": installed}
         return {"installed": self.store.install_many(records)}
 
-    def _announce(self, peer: str, params: object) -> dict[str, Any]:
-        heads = _heads(params, "announce")
-        for head in heads:  # validate all before writing any
-            if self.roster.owners.get(head.key) != peer or head.owner != peer:
-                raise OwnerRuleError(f"announce of {head.key!r} by {peer!r}, "
-                                     f"which does not own it")
-        for head in heads:
-            self.store.set_synced_head(head)
-        return {"ack": True}
+    def _policy_method(self, peer: str, method: str, params: dict[str, Any]) -> Any:
+        rpc = self.policy_rpcs.get(method)
+        if rpc is None or self.policy is None:
+            raise RemoteProtocolError(f"unknown method {method!r}")
+        try:
+            return serve(rpc, self.policy, peer, params)
+        except PolicyFault as exc:  # the policy's bug: this request fails, nothing else
+            self.policy_faults += 1
+            log.warning("policy %s: handler of %r from %s failed: %s",
+                        type(self.policy.policy).name, method, peer, exc)
+            raise RemoteCallError(POLICY_FAULT, str(exc)) from None
 
     def _versions(self, peer: str, params: object) -> dict[str, Any]:
         keys = _keys(params, "versions")
@@ -291,10 +306,6 @@ async def _call_ack(client: RpcCaller, peer: str, method: str,
         raise IntegrityError(f"{method}: not acknowledged")
 
 
-async def call_announce(client: RpcCaller, peer: str, heads: Sequence[HeadInfo]) -> None:
-    await _call_ack(client, peer, "announce", heads)
-
-
 async def call_commit(client: RpcCaller, heads: Sequence[HeadInfo]) -> None:
     await _call_ack(client, CENTRAL_ID, "commit", heads)
 
@@ -309,3 +320,20 @@ async def call_dir_heads(client: RpcCaller, roster: Roster,
                          keys: Sequence[str]) -> dict[str, HeadInfo]:
     result = await client.call(CENTRAL_ID, "dir_heads", {"keys": list(keys)})
     return _answer_heads(result, "dir_heads", keys, roster, owner=None, complete=False)
+
+
+async def call_policy(client: RpcCaller, peer: str, rpc: Rpc, body: Mapping[str, Any]) -> Any:
+    """One request of a policy-defined method; the answer checked against its schema
+    (a bad answer is the peer's fault: :class:`IntegrityError`)."""
+    params = to_wire(body)
+    try:
+        rpc.request.check(params, rpc.name)
+    except RemoteProtocolError as exc:  # we built it: our own (the policy's) mistake
+        raise LocalProtocolError(f"policy body: {exc}") from None
+    result = await client.call(peer, rpc.name, params)
+    if rpc.response is None:
+        return result
+    try:
+        return rpc.response.check(result, f"{rpc.name} answer")
+    except RemoteProtocolError as exc:
+        raise IntegrityError(str(exc)) from None

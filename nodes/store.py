@@ -14,6 +14,9 @@ Rules this module enforces (the owner rules of docs/architecture.md):
 4. Synced heads (learned from announcements) are never lowered.
 5. The central directory (``dir_heads``) advances only when the declared owner of a
    key commits a strictly higher sequence; the same (seq, id) again is a no-op.
+6. A policy's state (``policy_state``, :class:`PolicyStateArea`) is a key-value area per
+   policy name; each write is one commit at the store's durability setting, and it
+   goes with the store file, so it is reset with the episode.
 
 Durability ``full`` = ``synchronous=FULL`` (fsync at every commit), ``normal`` =
 ``synchronous=NORMAL`` (fsync at WAL checkpoints only).
@@ -30,9 +33,13 @@ import sqlite3
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
+
+import msgpack
 
 from protocols.errors import ConflictError, LocalProtocolError, OwnerRuleError
 from protocols.identity import Roster
+from protocols.policy_rpc import MAX_STATE_VALUE_BYTES, check_state_key
 from protocols.records import RECORD_ID_BYTES, HeadInfo, Record, verify_record
 
 DURABILITY_MODES = {"full": "FULL", "normal": "NORMAL"}
@@ -50,6 +57,9 @@ CREATE TABLE IF NOT EXISTS synced (
 );
 CREATE TABLE IF NOT EXISTS dir_heads (
     key TEXT PRIMARY KEY, owner TEXT NOT NULL, seq INTEGER NOT NULL, id BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS policy_state (
+    policy TEXT NOT NULL, key TEXT NOT NULL, value BLOB NOT NULL, PRIMARY KEY (policy, key)
 );
 CREATE TABLE IF NOT EXISTS head_log (
     n INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT NOT NULL, seq INTEGER NOT NULL,
@@ -255,6 +265,25 @@ class SqliteStore:
                          "VALUES (?, ?, ?, ?)", (head.key, head.owner, head.seq, head.record_id))
         return True
 
+    def state_row(self, policy: str, key: str) -> bytes | None:
+        row = self._db.execute("SELECT value FROM policy_state WHERE policy = ? AND key = ?",
+                               (policy, key)).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def state_rows(self, policy: str, prefix: str) -> list[tuple[str, bytes]]:
+        rows = self._db.execute("SELECT key, value FROM policy_state WHERE policy = ? "
+                                "ORDER BY key", (policy,))
+        return [(k, bytes(v)) for k, v in rows if k.startswith(prefix)]
+
+    def state_write(self, policy: str, key: str, value: bytes | None) -> None:
+        """Set (or with None delete) one entry of a policy's area: one commit."""
+        if value is None:
+            self._db.execute("DELETE FROM policy_state WHERE policy = ? AND key = ?",
+                             (policy, key))
+        else:
+            self._db.execute("INSERT OR REPLACE INTO policy_state (policy, key, value) "
+                             "VALUES (?, ?, ?)", (policy, key, value))
+
     def _check_declared_owner(self, head: HeadInfo) -> None:
         declared = self.roster.owners.get(head.key)
         if declared is None:
@@ -262,3 +291,30 @@ class SqliteStore:
         if declared != head.owner:
             raise OwnerRuleError(f"head of {head.key!r} names owner {head.owner!r} "
                                  f"but it belongs to {declared!r}")
+
+
+class PolicyStateArea:
+    """One policy's durable key-value area in a :class:`SqliteStore`
+    (``protocols.env.PolicyState``): values are msgpack, each write one commit."""
+
+    def __init__(self, store: SqliteStore, policy: str) -> None:
+        self._store = store
+        self.policy = policy
+
+    def get(self, key: str, default: Any = None) -> Any:
+        row = self._store.state_row(self.policy, check_state_key(key))
+        return default if row is None else msgpack.unpackb(row, raw=False)
+
+    def put(self, key: str, value: Any) -> None:
+        blob = msgpack.packb(value, use_bin_type=True)
+        if len(blob) > MAX_STATE_VALUE_BYTES:
+            raise ValueError(f"state value of {key!r}: {len(blob)} bytes, more than "
+                             f"{MAX_STATE_VALUE_BYTES}")
+        self._store.state_write(self.policy, check_state_key(key), blob)
+
+    def delete(self, key: str) -> None:
+        self._store.state_write(self.policy, check_state_key(key), None)
+
+    def items(self, prefix: str = "") -> list[tuple[str, Any]]:
+        return [(k, msgpack.unpackb(v, raw=False))
+                for k, v in self._store.state_rows(self.policy, prefix)]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from protocols.identity import Identity, Roster
 from protocols.records import HeadInfo, Record
@@ -58,12 +58,33 @@ class LocalStore(Protocol):
     def set_synced_head(self, head: HeadInfo) -> None: ...
 
 
+class PolicyState(Protocol):
+    """A policy's small durable key-value area at one node (reset with the episode).
+
+    Keys are strings of 1..200 characters; values plain msgpack values of at most 64 KiB
+    encoded (``protocols.policy_rpc``). Every ``put``/``delete`` is one commit at the
+    node's durability setting.
+    """
+
+    def get(self, key: str, default: Any = None) -> Any: ...
+
+    def put(self, key: str, value: Any) -> None: ...
+
+    def delete(self, key: str) -> None: ...
+
+    def items(self, prefix: str = "") -> list[tuple[str, Any]]: ...
+
+
 class PolicyEnv(Protocol):
     """An agent's view of the team during one operation."""
 
     identity: Identity
     roster: Roster
     store: LocalStore
+    #: The policy's durable key-value area at this node (what its handlers see too).
+    state: PolicyState
+    #: The policy's in-memory area at this node for the episode (shared with handlers).
+    memory: dict[str, Any]
 
     @property
     def agent_id(self) -> str: ...
@@ -90,12 +111,21 @@ class PolicyEnv(Protocol):
         """Ask ``peer`` to verify and install ``records`` (plan handoff, replication)."""
         ...
 
-    async def announce(self, peer: str, heads: Sequence[HeadInfo]) -> None:
-        """Announce head envelopes to ``peer`` (metadata only); returns on its ack."""
-        ...
-
     async def replica_versions(self, peer: str, keys: Sequence[str]) -> dict[str, HeadInfo]:
         """Ask a replica for the newest versions it holds of ``keys`` (may omit keys)."""
+        ...
+
+    # --- policy-defined methods (protocols.policy_rpc) --------------------------------
+    async def call(self, peer: str, method: str, body: Mapping[str, Any]) -> Any:
+        """One request of a policy-defined ``method`` to ``peer``; its answer, checked
+        against the method's answer schema (a bad one: ``IntegrityError``). A body
+        outside the request schema is our own fault (``LocalProtocolError``)."""
+        ...
+
+    async def call_many(self, calls: Sequence[tuple[str, str, Mapping[str, Any]]]
+                        ) -> list[Any]:
+        """Several ``(peer, method, body)`` calls at once; each answer (or the exception
+        its call raised) in order."""
         ...
 
     # --- central metadata directory (centralized lineage) ---------------------------

@@ -9,6 +9,8 @@
    defined in another module of the project.
 5. Every product module stays under 500 lines.
 6. docs/architecture.md's module map names every product module.
+7. ``protocols/`` does no I/O: it imports no module that reaches files, sockets,
+   processes, clocks or the import system, and calls no ``open``.
 """
 
 from __future__ import annotations
@@ -34,7 +36,9 @@ STAGES: dict[str, set[str]] = {
     "report": {"errors", "links", "campaign", "results"},
     "run": {"errors", "host", "links", "net", "campaign", "results"},
     "tools": {"errors", "host", "links", "net", "campaign", "results", "run", "report"},
-    "cli": {"errors", "host", "links", "net", "campaign", "results", "run", "report", "tools"},
+    "api": {"errors", "host", "links", "net", "campaign", "results", "run", "report", "tools"},
+    "cli": {"errors", "host", "links", "net", "campaign", "results", "run", "report", "tools",
+            "api"},
     "__main__": {"cli"},
 }
 #: top-level package -> the project packages it may import.
@@ -198,3 +202,24 @@ def test_the_architecture_map_names_every_product_module() -> None:
                and p.parent.name != "policies"  # one file per policy: docs/policies.md
                and f"{p.stem}.py" not in text and f"`{p.stem}`" not in text]
     assert not missing, "modules missing from docs/architecture.md's map: " + ", ".join(missing)
+
+
+#: Standard modules through which code reaches the world outside the process's objects.
+IO_MODULES = {"os", "io", "socket", "sqlite3", "subprocess", "pathlib", "shutil", "tempfile",
+              "time", "select", "selectors", "asyncio", "importlib", "signal", "urllib",
+              "http", "ssl", "mmap", "fcntl", "glob", "logging"}
+
+
+def test_protocols_does_no_io() -> None:
+    bad = []
+    for path in sorted((ROOT / "protocols").rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            bad += [f"{path.relative_to(ROOT)} imports {n}" for n in names
+                    if n.split(".")[0] in IO_MODULES]
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                    and node.func.id == "open":
+                bad.append(f"{path.relative_to(ROOT)} calls open()")
+    assert not bad, "\n".join(bad)

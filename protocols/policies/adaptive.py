@@ -42,6 +42,7 @@ import math
 from collections.abc import Mapping
 
 from protocols.env import ActionRequest, PolicyEnv
+from protocols.policies._announce import ANNOUNCE, announce_to_all
 from protocols.policies._derivation import (
     DerivationPolicy,
     Evidence,
@@ -51,7 +52,6 @@ from protocols.policies._derivation import (
     local_heads,
     query_owners,
 )
-from protocols.policies.metadata_sync import announce_to_all
 from protocols.policies.registry import register
 from protocols.records import HeadInfo
 
@@ -93,6 +93,7 @@ class Adaptive(DerivationPolicy):
     name = "adaptive"
     display_name = "Adaptive (rho rule)"
     off_path_hooks = frozenset({"at_unit_end"})
+    rpcs = (ANNOUNCE,)
 
     def __init__(self, param: int | None = None) -> None:
         super().__init__(param)

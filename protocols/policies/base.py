@@ -14,9 +14,11 @@ Attribution rules (what the measurement counts as stall):
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from protocols.env import ActionOutcome, ActionRequest, PolicyEnv
+from protocols.policy_params import Param, format_value
+from protocols.policy_rpc import Rpc
 from protocols.records import HeadInfo
 
 
@@ -40,19 +42,33 @@ class Policy:
     params: ClassVar[tuple[int, ...]] = ()
     #: Hooks whose time is not stall (announcements sent in the background, etc.).
     off_path_hooks: ClassVar[frozenset[str]] = frozenset()
+    #: Named, typed parameters (``name/field=value`` or ``[policies.NAME]``).
+    parameters: ClassVar[tuple[Param, ...]] = ()
+    #: Methods this policy adds to the data plane, served by every node running it.
+    rpcs: ClassVar[tuple[Rpc, ...]] = ()
 
     def __init__(self, param: int | None = None) -> None:
         self.param = param
+        #: Every declared parameter's value (set by ``make_policy`` after construction,
+        #: before any hook runs; defaults until then).
+        self.settings: dict[str, Any] = {p.name: p.default for p in self.parameters}
+
+    def _changed_settings(self) -> str:
+        return "".join(f"/{p.name}={format_value(self.settings[p.name])}"
+                       for p in self.parameters
+                       if self.settings.get(p.name, p.default) != p.default)
 
     @property
     def label(self) -> str:
-        return self.name if self.param is None else f"{self.name}/{self.param}"
+        base = self.name if self.param is None else f"{self.name}/{self.param}"
+        return base + self._changed_settings()
 
     @property
     def title(self) -> str:
         """Display name of this configuration (reports use it for rows and legends)."""
         base = self.display_name or self.name
-        return base if self.param is None else f"{base}/{self.param}"
+        base = base if self.param is None else f"{base}/{self.param}"
+        return base + self._changed_settings()
 
     @property
     def category(self) -> str:

@@ -22,29 +22,22 @@ announcement keeps the heads queued and raises from the barrier.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 
 from protocols.env import ActionRequest, PolicyEnv
 from protocols.errors import ConflictError
 from protocols.frontier import EvidenceError
+from protocols.policies._announce import ANNOUNCE, announce_to_all
 from protocols.policies._derivation import (
     DerivationPolicy,
     Evidence,
     Tally,
-    all_or_raise,
     check_head,
     frontier_known,
     local_heads,
 )
 from protocols.policies.registry import register
 from protocols.records import HeadInfo
-
-
-async def announce_to_all(env: PolicyEnv, heads: list[HeadInfo]) -> None:
-    """One ``announce`` per other agent, concurrently; raises the first failure."""
-    def sender(peer: str) -> Callable[[], Awaitable[None]]:
-        return lambda: env.announce(peer, heads)
-    await all_or_raise(env, [sender(p) for p in env.roster.peers_of(env.agent_id)])
 
 
 @register
@@ -55,6 +48,7 @@ class MetadataSync(DerivationPolicy):
     display_name = "Metadata sync"
     params = (1, 2, 4, 8, 16)
     off_path_hooks = frozenset({"on_update"})
+    rpcs = (ANNOUNCE,)
 
     def __init__(self, param: int | None = None) -> None:
         super().__init__(param)

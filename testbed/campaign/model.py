@@ -216,6 +216,8 @@ class Campaign:
         """The grid fields of this campaign's kind, in cell order."""
         return (*GRID_FIELDS, *EXTRA_FIELDS, *STUDY_FIELDS[self.kind])
     networks: Mapping[str, NetworkProfile] = field(default_factory=dict)
+    #: Policy plugins every node imports (``testbed.campaign.plugins``), as resolved.
+    plugins: tuple[str, ...] = ()
 
     def cells(self) -> list[Cell]:
         cells: dict[Cell, None] = {}
@@ -297,4 +299,6 @@ class Campaign:
             config["model"] = self.model.to_data()
         if self.decisions is not None:
             config["decisions"] = self.decisions.describe()
+        if self.plugins:
+            config["plugins"] = list(self.plugins)
         return config

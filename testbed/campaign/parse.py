@@ -12,6 +12,10 @@ Rules this module obeys:
    (``testbed.campaign.networks``); ``grid.network`` names registered or defined ones, and
    the networks are checked against the grid (hosts, trace offsets) and their files
    read before the campaign is returned.
+5. ``plugins = [...]`` are loaded before anything else is checked
+   (``testbed.campaign.plugins``); ``[policies.NAME]`` tables set a policy's parameters
+   for every cell naming it, and each cell's policy is written in its one spelling
+   (``protocols.policy_params.canonical_spec``).
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ from testbed.campaign.model import (
     fmt_number,
 )
 from testbed.campaign.networks import check_against_grid, check_backend, parse_networks
+from testbed.campaign.plugins import load as load_plugins
+from testbed.campaign.plugins import resolve_names
 from testbed.campaign.trials import KINDS, SCENARIOS, SINGLE_ACTION_KINDS, UPDATE_TARGETS
 from testbed.campaign.vocabulary import (
     BACKENDS,
@@ -50,7 +56,10 @@ from testbed.campaign.vocabulary import (
     TIERS,
     allowed_policies,
     network_names,
+    normal_spec,
     policy_allowed,
+    policy_exists,
+    policy_problem,
 )
 from testbed.campaign.workload import (
     DERIVATIONS,
@@ -62,7 +71,7 @@ from testbed.campaign.workload import (
 )
 
 TOP_FIELDS = ("name", "seed", "templates", "description", "kind", "options", "execution",
-              "networks", "grid", "model", "decisions")
+              "networks", "grid", "plugins", "policies", "model", "decisions")
 EXECUTION_FIELDS = ("cluster", "jobs", "allow_mixed_backends")
 MAX_BATCHES = 100
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -99,7 +108,8 @@ def _parse_text(text: str, source: str, *, base_dir: Path | None = None) -> Camp
 
 
 def parse_campaign(data: Mapping[str, Any], *, source: str = "<campaign>",
-                   base_dir: Path | None = None, check_files: bool = True) -> Campaign:
+                   base_dir: Path | None = None, check_files: bool = True,
+                   plugins: Sequence[str] = ()) -> Campaign:
     """Validate a decoded campaign table (see docs/campaigns.md for the format).
 
     ``base_dir``: where relative trace paths of ``[networks]`` start (the campaign
@@ -107,6 +117,10 @@ def parse_campaign(data: Mapping[str, Any], *, source: str = "<campaign>",
     against the grid (reading back a manifest's campaign for its cells).
     """
     _no_unknown(data, TOP_FIELDS, "campaign")
+    named = resolve_names(data.get("plugins", []), base_dir=base_dir)
+    named = tuple(dict.fromkeys([*named, *plugins]))
+    load_plugins(named)
+    tables = _policy_tables(data.get("policies", {}))
     for required in ("name", "seed", "templates", "grid"):
         if required not in data:
             raise CampaignError(f"{required}: missing; a campaign needs "
@@ -131,17 +145,18 @@ def parse_campaign(data: Mapping[str, Any], *, source: str = "<campaign>",
     raw_grid = data["grid"]
     grids: tuple[dict[str, tuple[Any, ...]], ...]
     if isinstance(raw_grid, Mapping):
-        grids = (_grid(raw_grid, "grid", allowed, kind),)
+        grids = (_grid(raw_grid, "grid", allowed, kind, tables),)
     elif isinstance(raw_grid, list) and raw_grid and all(isinstance(g, Mapping)
                                                          for g in raw_grid):
-        grids = tuple(_grid(g, f"grid[{i}]", allowed, kind) for i, g in enumerate(raw_grid))
+        grids = tuple(_grid(g, f"grid[{i}]", allowed, kind, tables)
+                      for i, g in enumerate(raw_grid))
     else:
         raise CampaignError("grid: expected a [grid] table or [[grid]] tables")
     model, decisions = live_fields(data, kind, templates, grids, base_dir=base_dir,
                                    check_files=check_files)
     campaign = Campaign(name=name, seed=int(seed), templates=tuple(templates), grids=grids,
                         options=options, description=description, source=source, kind=kind,
-                        execution=execution, networks=networks, model=model,
+                        execution=execution, networks=networks, plugins=named, model=model,
                         decisions=decisions)
     if check_files:
         check_against_grid(campaign)
@@ -224,8 +239,8 @@ def _options(value: Any) -> Options:
     return Options(**out)
 
 
-def _grid(raw: Mapping[str, Any], where: str, networks: Sequence[str], kind: str = KINDS[0]
-          ) -> dict[str, tuple[Any, ...]]:
+def _grid(raw: Mapping[str, Any], where: str, networks: Sequence[str], kind: str = KINDS[0],
+          tables: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, tuple[Any, ...]]:
     names = (*GRID_FIELDS, *EXTRA_FIELDS, *STUDY_FIELDS[kind])
     for name in raw:
         owner = next((k for k, fields in STUDY_FIELDS.items() if name in fields), None)
@@ -240,7 +255,9 @@ def _grid(raw: Mapping[str, Any], where: str, networks: Sequence[str], kind: str
     for name in names:
         defaults = GRID_DEFAULTS.get(name, STUDY_DEFAULTS.get(name, ()))
         values = _as_list(raw[name], f"{where}.{name}") if name in raw else list(defaults)
-        grid[name] = tuple(_grid_value(name, v, f"{where}.{name}", networks) for v in values)
+        grid[name] = tuple(_policy(v, f"{where}.{name}", tables or {}) if name == "policy"
+                           else _grid_value(name, v, f"{where}.{name}", networks)
+                           for v in values)
         _no_duplicates(list(grid[name]), f"{where}.{name}")
     if kind in SINGLE_ACTION_KINDS:
         for name in TRIAL_FIXED:
@@ -255,8 +272,6 @@ def _grid(raw: Mapping[str, Any], where: str, networks: Sequence[str], kind: str
 
 
 def _grid_value(name: str, value: Any, where: str, networks: Sequence[str]) -> Any:
-    if name == "policy":
-        return _policy(value, where)
     if name == "network":
         return _choice(value, where, networks)
     if name == "connection":
@@ -292,11 +307,35 @@ def _grid_value(name: str, value: Any, where: str, networks: Sequence[str]) -> A
                         f"integers {lo}..{hi}")
 
 
-def _policy(value: Any, where: str) -> str:
-    if policy_allowed(value):
-        return str(value)
-    raise CampaignError(f"{where}: {_fmt_value(value)} is not allowed; allowed: "
-                        f"{allowed_policies()}")
+def _policy(value: Any, where: str, tables: Mapping[str, Mapping[str, Any]]) -> str:
+    if not policy_allowed(value):
+        if isinstance(value, str) and policy_exists(value) and "=" in value:
+            raise CampaignError(f"{where}: {policy_problem(value)}")
+        raise CampaignError(f"{where}: {_fmt_value(value)} is not allowed; allowed: "
+                            f"{allowed_policies()}")
+    name = str(value).partition("/")[0]
+    try:
+        return normal_spec(str(value), tables.get(name))
+    except ValueError as exc:
+        raise CampaignError(f"{where}: {exc}") from None
+
+
+def _policy_tables(value: Any) -> dict[str, dict[str, Any]]:
+    """``[policies.NAME]`` tables: parameters of NAME for every cell naming it."""
+    if not isinstance(value, Mapping):
+        raise CampaignError("policies: expected [policies.NAME] tables")
+    out: dict[str, dict[str, Any]] = {}
+    for name, table in value.items():
+        if not policy_exists(name) or "/" in name:
+            raise CampaignError(f"policies.{name}: unknown policy; allowed: "
+                                f"{allowed_policies()}")
+        if not isinstance(table, Mapping):
+            raise CampaignError(f"policies.{name}: expected a table of parameters")
+        problem = policy_problem(name, table)
+        if problem is not None:
+            raise CampaignError(f"policies.{name}.{problem.partition(': ')[2]}")
+        out[name] = dict(table)
+    return out
 
 
 def _choice(value: Any, where: str, choices: Sequence[str]) -> str:

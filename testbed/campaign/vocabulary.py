@@ -10,9 +10,13 @@ therefore enough for a campaign file to name it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from nodes.store import DURABILITY_MODES
 from nodes.transport import CONNECTION_SETTINGS
 from protocols.policies import allowed_specs, describe_policy, make_policy
+from protocols.policies.registry import normal_spec, policy_class
 from testbed.campaign.workload import (
     FAMILIES,
     MAX_AGENTS,
@@ -38,7 +42,8 @@ INT_LIMITS: dict[str, tuple[int, int]] = {
 }
 
 __all__ = ["BACKENDS", "CONNECTIONS", "DURABILITY", "INT_LIMITS", "MAX_TEMPLATES", "RHOS",
-           "TIERS", "allowed_policies", "network_names", "policy_allowed", "policy_needs_central"]
+           "TIERS", "allowed_policies", "network_names", "normal_spec", "policy_allowed",
+           "policy_exists", "policy_needs_central", "policy_problem"]
 
 
 def network_names() -> tuple[str, ...]:
@@ -58,6 +63,21 @@ def policy_allowed(spec: object) -> bool:
     except ValueError:
         return False
     return True
+
+
+def policy_exists(spec: str) -> bool:
+    """Whether the name part of ``spec`` is a registered policy."""
+    return policy_class(spec.partition("/")[0]) is not None
+
+
+def policy_problem(spec: str, table: Mapping[str, Any] | None = None) -> str | None:
+    """What is wrong with ``spec`` (and a ``[policies.NAME]`` table), in one line; None
+    if nothing."""
+    try:
+        make_policy(spec, table)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def policy_needs_central(spec: str) -> bool:

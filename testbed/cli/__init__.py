@@ -15,12 +15,12 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from testbed.cli import bench, campaigns, cluster, info, maintenance, model
+from testbed.cli import bench, campaigns, cluster, info, maintenance, model, policies
 from testbed.cli.common import ARGV, EXIT_HOST, EXIT_USER, enter_requested_namespace, version
 from testbed.errors import HostError, UserError, one_line
 
 #: Sub-command modules in the order `testbed --help` lists them.
-COMMAND_MODULES = (info, campaigns, cluster, maintenance, model, bench)
+COMMAND_MODULES = (info, campaigns, policies, cluster, maintenance, model, bench)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -17,12 +17,10 @@ from testbed.errors import UserError
 
 
 def _load(args: argparse.Namespace) -> Any:
+    from testbed import api
     from testbed.campaign.networks import check_backend
-    from testbed.campaign.parse import load_campaign
 
-    campaign = load_campaign(args.campaign)
-    if args.templates is not None:
-        campaign = campaign.with_templates(args.templates)
+    campaign = api.load(args.campaign, plugins=args.plugin, templates=args.templates)
     if args.model_url is not None or args.model is not None:
         from testbed.campaign.live_parse import with_endpoint
 
@@ -32,19 +30,22 @@ def _load(args: argparse.Namespace) -> Any:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from testbed.tools.plan_view import print_plan
+    from testbed import api
 
     campaign = _load(args)
     jobs = args.jobs if args.jobs is not None else campaign.execution.jobs
-    print_plan(campaign, console(), jobs=jobs, backend=args.backend)
+    out = console()
+    for line in api.check(campaign, jobs=jobs, backend=args.backend):
+        out.print(line, markup=False)
+    out.print("dry run: nothing was created (no run directory, no namespace)", markup=False)
     return 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     import trio
 
+    from testbed import api
     from testbed.host.ledger import Ledger, clean_dead_runs, open_run_ledger, run_state_dir
-    from testbed.run.episode import EpisodeRunner
     from testbed.run.loop import run_campaign
 
     if args.dry_run:
@@ -62,26 +63,26 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UserError("options.link_log: packet logs are written by runs in this process "
                         "(--jobs), not on a cluster; drop --cluster or link_log")
     out_console = console()
+    if cluster is None:
+        api.run(campaign, out, resume=args.resume, extend=args.extend, jobs=jobs,
+                backend=args.backend, workdir=workdir, console=out_console,
+                host_lanes=args.host_lanes, allow_dirty=args.allow_dirty)
+        out_console.print(f"results: {out}")
+        return 0
     label = str(Path(out).absolute())
     if args.resume or args.extend:  # what a killed run on this directory left behind
         for item in clean_dead_runs(run_state_dir(), label=label):
             out_console.print(f"removed {item} (left by an interrupted run)")
 
     async def main(ledger: Ledger) -> None:
-        if cluster is None:
-            runner = EpisodeRunner(campaign, workdir_root=workdir, backend=args.backend,
-                                   ledger=ledger, link_log_dir=out / "links",
-                                   shared_emulator=jobs > 1)
-            await run_campaign(campaign, out, resume=args.resume, extend=args.extend,
-                               jobs=jobs, runner=runner, console=out_console)
-            return
         from testbed.run.dask_engine import open_dask_engine
 
         async with open_dask_engine(cluster, backend=args.backend, workdir=workdir,
                                     allow_mixed_backends=mixed) as engine:
             await engine.survey(campaign)
             await run_campaign(campaign, out, resume=args.resume, extend=args.extend,
-                               engine=engine, console=out_console)
+                               engine=engine, console=out_console,
+                               allow_dirty=args.allow_dirty)
 
     with open_run_ledger(label) as ledger:
         trio.run(main, ledger)
@@ -90,15 +91,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from testbed.report.build import build_report
+    from testbed import api
 
     run_dir = Path(args.dir)
     if not (run_dir / "episodes.parquet").exists():
         raise UserError(f"{run_dir} has no episodes.parquet "
                         "(run a campaign into it first, or finish it with --resume)")
     out_console = console()
-    summary = build_report(run_dir, draws=args.draws, seed=args.seed, console=out_console,
-                           episode=args.episode)
+    summary = api.report(run_dir, draws=args.draws, seed=args.seed, console=out_console,
+                         episode=args.episode)
     out_console.print(f"report: {run_dir / 'report.md'} ({len(summary.get('tables', []))} "
                       f"tables, {len(summary.get('figures', []))} figures)")
     return 0
@@ -112,6 +113,12 @@ def _model_flags(p: argparse.ArgumentParser) -> None:
                    help="live campaigns: the model name the server serves ([model] model)")
 
 
+def _plugin_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                        help="import a policy plugin (a module on sys.path or a .py file) "
+                             "before the campaign is read; every node imports it too")
+
+
 def register(sub: Any) -> None:
     from testbed.campaign.vocabulary import BACKENDS
 
@@ -121,6 +128,7 @@ def register(sub: Any) -> None:
                    help="lanes the wall-time estimate assumes (default: [execution] jobs, else 1)")
     p.add_argument("--templates", type=int, metavar="N", help="override the template count")
     p.add_argument("--backend", choices=list(BACKENDS), help="backend to plan for")
+    _plugin_flag(p)
     _model_flags(p)
     p.set_defaults(func=cmd_check)
 
@@ -140,10 +148,17 @@ def register(sub: Any) -> None:
                    help="run N topologies at once in this process (default: the "
                         "campaign's [execution] jobs, else 1; for emulated links, where "
                         "episodes wait on the link; loopback units always run alone)")
+    p.add_argument("--host-lanes", type=positive_int, default=None, metavar="N",
+                   help="lanes all `testbed run`s on this host may hold at once, as this "
+                        "run counts them (default: $TESTBED_HOST_LANES, else 8 per CPU); "
+                        "a loopback cell holds the whole host (docs/campaigns.md)")
     p.add_argument("--cluster", metavar="SPEC",
                    help="run the work units on a dask cluster: local:N (N worker "
                         "processes here) or tcp://HOST:PORT of a scheduler with `testbed "
                         "worker`s (default: the campaign's [execution] cluster, else here)")
+    p.add_argument("--allow-dirty", action="store_true",
+                   help="write into the repository's results/ from a checkout with "
+                        "uncommitted changes (refused otherwise; the manifest records it)")
     p.add_argument("--allow-mixed-backends", action="store_true",
                    help="let cluster workers run shaped networks on different link backends")
     p.add_argument("--templates", type=int, metavar="N",
@@ -153,6 +168,7 @@ def register(sub: Any) -> None:
                         "option, else auto); unshaped ones (loopback) never get one")
     p.add_argument("--workdir", metavar="DIR", help="where node stores and sockets live "
                                                     "(default: a fresh directory under /tmp)")
+    _plugin_flag(p)
     _model_flags(p)
     p.set_defaults(func=cmd_run)
 

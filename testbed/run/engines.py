@@ -11,17 +11,23 @@ after it ended; the loop alone writes the run directory.
   worker, which runs it whole (topology, team, episodes) and returns its outcomes.
 
 Loopback units measure CPU time, so both engines run them first, one at a time, with
-nothing else running beside them; then the emulated-link units fill the lanes.
+nothing else running beside them; then the emulated-link units fill the lanes. Given
+the host's lane budget (``testbed.host.lanes.HostLanes``, what ``testbed run`` passes),
+the local engine also holds a host lane for each unit it runs and the host's loopback
+exclusivity for each stretch of loopback units, so concurrent runs on one host share
+it and no other run's episodes run beside a loopback cell.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Protocol
 
 import trio
 
 from testbed.campaign.model import Campaign
+from testbed.host.lanes import HostLanes
 from testbed.run.contract import Runner
 from testbed.run.units import EpisodeOutcome, ScheduleCache, WorkUnit, run_unit
 
@@ -46,13 +52,18 @@ class Engine(Protocol):
 class LocalEngine:
     """Lanes in this process: ``jobs`` topologies at once."""
 
-    def __init__(self, runner: Runner, *, jobs: int = 1) -> None:
+    def __init__(self, runner: Runner, *, jobs: int = 1, host: HostLanes | None = None
+                 ) -> None:
         self.runner = runner
         self.jobs = jobs
         self.per_template = jobs > 1
+        self.host = host
 
     def describe(self) -> dict[str, Any]:
-        return {"engine": "local", "jobs": self.jobs}
+        out: dict[str, Any] = {"engine": "local", "jobs": self.jobs}
+        if self.host is not None:
+            out["host_lanes"] = self.host.budget
+        return out
 
     async def run(self, units: Sequence[WorkUnit], campaign: Campaign, *,
                   on_start: OnStart, on_outcome: OnOutcome) -> None:
@@ -61,14 +72,29 @@ class LocalEngine:
         async def lane() -> None:
             schedules = ScheduleCache(campaign)
             while queue:
-                await run_unit(queue.pop(0), self.runner, campaign, on_start=on_start,
-                               on_outcome=on_outcome, schedules=schedules)
+                unit = queue.pop(0)
+                batch = [unit]
+                while unit.loopback and queue and queue[0].loopback:
+                    batch.append(queue.pop(0))  # a stretch of loopback units: one hold
+                async with self._hold(loopback=unit.loopback):
+                    for each in batch:
+                        await run_unit(each, self.runner, campaign, on_start=on_start,
+                                       on_outcome=on_outcome, schedules=schedules)
 
         await lane()  # one lane: everything in campaign order; else loopback first, alone
         if self.jobs == 1:
             return
         queue[:] = [u for u in units if not u.loopback]
         await run_lanes(lane, min(self.jobs, len(queue)))
+
+    @contextlib.asynccontextmanager
+    async def _hold(self, *, loopback: bool) -> AsyncIterator[None]:
+        """The host's loopback exclusivity or one of its lanes, if a budget is given."""
+        if self.host is None:
+            yield
+            return
+        async with self.host.exclusive() if loopback else self.host.lane():
+            yield
 
 
 async def run_lanes(lane: Callable[[], Any], count: int) -> None:

@@ -333,6 +333,7 @@ class EpisodeRunner:
                                      rpc_timeout_s=options.rpc_timeout_s,
                                      owners=first_schedule.owners, ledger=ledger,
                                      congestion_control=topo.socket_congestion_control,
+                                     plugins=self.campaign.plugins,
                                      ) as team:
                     group = TeamGroup(topo, team, self.campaign,
                                       link_log_dir=self.link_log_dir)

@@ -23,7 +23,9 @@ Rules this module obeys:
    one at a time, whatever ``jobs`` is (docs/campaigns.md).
 4. The manifest records every network the campaign runs (definition, trace files with
    size and SHA-256; ``testbed.campaign.networks.network_provenance``); ``--resume`` and
-   ``--extend`` refuse a run whose recorded trace files have changed since.
+   ``--extend`` refuse a run whose recorded trace files have changed since; the same for
+   its policy plugins (distribution, version, source SHA-256;
+   ``testbed.campaign.plugins``).
 5. An aborted episode (the runner raised :class:`EpisodeAborted`, or it outlived
    ``options.episode_timeout_s`` by :data:`BACKSTOP_GRACE_S`) is recorded with
    ``aborted = True`` and its reason, no action rows and no costs (nothing imputed);
@@ -54,7 +56,10 @@ from rich.progress import (
 from testbed.campaign.model import Campaign, CampaignError, episode_key
 from testbed.campaign.networks import changed_files, network_provenance
 from testbed.campaign.parse import recorded_campaign
+from testbed.campaign.plugins import changed as changed_plugins
+from testbed.campaign.plugins import provenance as plugin_provenance
 from testbed.campaign.workload import Schedule
+from testbed.host.lanes import HostLanes
 from testbed.host.userns import privilege
 from testbed.results.decisions import write_decisions
 from testbed.results.provenance import (
@@ -63,6 +68,7 @@ from testbed.results.provenance import (
     lock_file,
     package_versions,
 )
+from testbed.results.reference import check_reference_run
 from testbed.results.rundir import RunDir
 from testbed.results.schema import (
     RUNNER_ACTION_FIELDS,
@@ -82,18 +88,22 @@ from testbed.run.units import EpisodeOutcome, plan_units
 async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
                        console: Console, runner: Runner | None = None,
                        engine: Engine | None = None, extend: bool = False,
-                       jobs: int = 1) -> RunSummary:
+                       jobs: int = 1, host: HostLanes | None = None,
+                       allow_dirty: bool = False) -> RunSummary:
     """Run every not-yet-committed episode of ``campaign`` into ``out_dir``.
 
     ``engine`` runs the work units (default: :class:`LocalEngine` over ``runner`` with
-    ``jobs`` lanes).
+    ``jobs`` lanes, holding lanes of the host's budget ``host`` if given; the progress
+    line then says who holds the host). A run into the repository's results/ needs a
+    committed checkout unless ``allow_dirty`` (``testbed.results.reference``).
     """
     if not (isinstance(jobs, int) and jobs >= 1):
         raise CampaignError(f"jobs: {jobs!r} is not allowed; allowed: an integer >= 1")
     if engine is None:
         if runner is None:
             raise ValueError("run_campaign: give a runner or an engine")
-        engine = LocalEngine(runner, jobs=jobs)
+        engine = LocalEngine(runner, jobs=jobs, host=host)
+    reference = check_reference_run(Path(out_dir), allow_dirty=allow_dirty)
     run_dir = RunDir(out_dir)
     extended_from: dict[str, int] | None = None
     if not run_dir.is_empty():
@@ -102,6 +112,7 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
                                 "(or --extend to grow it) or choose another --out")
         extended_from = _check_same_campaign(run_dir, campaign, extend=extend)
     networks = network_provenance(campaign)  # hashes the trace files before anything runs
+    plugins = plugin_provenance(campaign)
     model = await probe_model(campaign)  # a live campaign's endpoint, before any episode
     t0 = time.monotonic()
     run_dir.open()
@@ -118,18 +129,22 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
         run_dir.update_manifest(
             started_at=previous.get("started_at", session["started_at"]),
             campaign=campaign.name, source=campaign.source, config=campaign.config(),
-            versions=package_versions(), lock=lock_file(), git=git_revision(),
+            versions=package_versions(), lock=lock_file(), git={**git_revision(), **reference},
             system={**host_description(), "privilege": privilege()},
             execution=engine.describe(),
             networks={**previous.get("networks", {}), **networks},
-            sessions=[*sessions, session], status="running",
-            **({"model": model} if model is not None else {}))
+            **({"plugins": {**previous.get("plugins", {}), **plugins}}
+               if plugins or "plugins" in previous else {}),
+            **({"model": model} if model is not None else {}),
+            sessions=[*sessions, session], status="running")
         done = run_dir.completed()
         episodes = campaign.episodes()
         todo = [(c, t) for c, t in episodes if episode_key(c, t) not in done]
         task = progress.add_task("episodes", total=len(episodes),
-                                 completed=len(episodes) - len(todo))
+                                 completed=len(episodes) - len(todo), host="")
         progress.start()
+        if host is not None:
+            host.on_status = lambda text: _host_status(progress, task, text)
         noted: set[str] = set()
 
         def on_start(key: str) -> None:
@@ -240,7 +255,8 @@ def _check_same_campaign(run_dir: RunDir, campaign: Campaign, *,
                             "written by `testbed run`")
     new = campaign.config()
     flag = "--extend" if extend else "--resume"
-    changed = changed_files(manifest.get("networks") or {})
+    changed = changed_files(manifest.get("networks") or {}) \
+        or changed_plugins(manifest.get("plugins") or {})
     if changed is not None:
         raise CampaignError(f"{flag}: {changed}")
     if not extend:
@@ -275,8 +291,16 @@ def _check_same_campaign(run_dir: RunDir, campaign: Campaign, *,
 def _progress(console: Console) -> Progress:
     return Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                     MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("ETA"),
-                    TimeRemainingColumn(), console=console, transient=False,
-                    refresh_per_second=2)
+                    TimeRemainingColumn(), TextColumn("{task.fields[host]}"),
+                    console=console, transient=False, refresh_per_second=2)
+
+
+def _host_status(progress: Progress, task: Any, text: str) -> None:
+    """Who holds the host, on the progress line; waiting is also printed once per
+    change, so a log (not a terminal) says why the run stood still."""
+    progress.update(task, host=text)
+    if "waiting" in text:
+        progress.console.print(text)
 
 
 def _now() -> str:

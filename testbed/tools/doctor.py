@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from testbed.host import kernel, userns
+from testbed.host.lanes import host_summary
 from testbed.host.ledger import scratch_ledger
 from testbed.links import netem, userspace
 from testbed.links.backends import AUTO_ORDER, auto_choice
@@ -52,6 +53,7 @@ CHECK_NAMES = (
     "python packages",
     "congestion control",
     "backend auto",
+    "host lanes",
 )
 
 REQUIRED_PACKAGES: dict[str, tuple[int, ...]] = {
@@ -198,11 +200,20 @@ def check_rootless() -> Check:
     return Check("rootless", ok, f"userns: {detail}")
 
 
+def check_host_lanes() -> Check:
+    """Who holds the host's lane budget now (testbed.host.lanes); informational."""
+    try:
+        return Check("host lanes", True, host_summary())
+    except OSError as exc:
+        return Check("host lanes", False, f"cannot read the lane state: {_errno_text(exc)}")
+
+
 def run_doctor() -> list[Check]:
     """Run every probe (in the order of CHECK_NAMES); never raises for an absent feature."""
     checks = [check_root(), check_netns(), *backend_checks(), check_rootless(),
               check_packages(), check_congestion_control()]
     checks.append(_check_backend(checks))
+    checks.append(check_host_lanes())
     return checks
 
 

@@ -5,7 +5,9 @@ of ``size`` bytes on one connection (TCP_NODELAY on both ends) and waits for the
 number of bytes back, ``calls`` times. No framing, no crypto, no event loop: what a
 round trip costs a Python program on this host. ``testbed bench rpc`` reports the
 node's RPCs as multiples of it (``reuse_vs_raw``, ``fresh_vs_raw``), which are stable
-across hosts where absolute times are not.
+across hosts where absolute times are not, provided both are measured with their two
+processes placed alike (``server_cpus`` pins the server; the caller pins itself; see
+``testbed.tools.placement``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ import socket
 import subprocess
 import sys
 import time
+from typing import Any
+
+from testbed.tools.placement import affinity, pin
 
 _SERVER = r"""
 import socket, sys
@@ -51,13 +56,20 @@ def _exchange(sock: socket.socket, payload: bytes) -> None:
 
 
 def measure_raw_echo(*, calls: int = 2000, size: int = 200, warmup: int = 100,
-                     fresh: bool = False) -> list[float]:
-    """Round-trip times in ms (``fresh``: a new connection per call, connect timed)."""
+                     fresh: bool = False, server_cpus: set[int] | None = None,
+                     observed: dict[str, Any] | None = None) -> list[float]:
+    """Round-trip times in ms (``fresh``: a new connection per call, connect timed).
+    ``server_cpus`` pins the echo server; ``observed`` receives the CPUs the client
+    (this process) and the server were allowed, read back from the kernel."""
     server = subprocess.Popen([sys.executable, "-c", _SERVER, str(size)],
                               stdout=subprocess.PIPE, text=True)
     try:
         assert server.stdout is not None
         port = int(server.stdout.readline())
+        if server_cpus is not None:
+            pin(server.pid, server_cpus)
+        if observed is not None:
+            observed.update(client=affinity(0), server=affinity(server.pid))
         payload = bytes(size)
         samples: list[float] = []
 

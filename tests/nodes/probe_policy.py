@@ -18,6 +18,7 @@ from functools import partial
 from protocols.env import ActionOutcome, ActionRequest, PolicyEnv
 from protocols.errors import IntegrityError
 from protocols.policies import register
+from protocols.policies._announce import ANNOUNCE, announce
 from protocols.policies.base import Policy
 from protocols.records import HeadInfo
 
@@ -25,10 +26,11 @@ from protocols.records import HeadInfo
 @register
 class ProbePolicy(Policy):
     name = "test_probe"
+    rpcs = (ANNOUNCE,)  # the announcements are the shared policy-defined method
 
     async def on_update(self, env: PolicyEnv, head: HeadInfo) -> None:
         peers = env.roster.peers_of(env.agent_id)
-        results = await env.concurrently([partial(env.announce, p, [head]) for p in peers])
+        results = await env.concurrently([partial(announce, env, p, [head]) for p in peers])
         for r in results:
             if isinstance(r, BaseException):
                 raise r

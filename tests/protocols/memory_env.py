@@ -19,7 +19,7 @@ Rules the twin keeps (the same contracts as ``nodes/store.py`` and ``nodes/env.p
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -29,15 +29,21 @@ from protocols.concurrency import run_concurrently
 from protocols.env import ActionOutcome, ActionRequest, LocalStore
 from protocols.errors import (
     ConflictError,
+    IntegrityError,
+    LocalProtocolError,
     OwnerRuleError,
     PeerUnavailable,
     RemoteCallError,
+    RemoteProtocolError,
     RpcTimeout,
 )
 from protocols.identity import CENTRAL_ID, Identity, Member, Roster
 from protocols.planning import current_inputs, derive_plan, replacement_plan
 from protocols.policies import make_policy
 from protocols.policies.base import Policy
+from protocols.policies.registry import rpc_named
+from protocols.policy_rpc import POLICY_FAULT, MemoryState, PolicyContext, PolicyFault, serve
+from protocols.policy_schema import to_wire
 from protocols.records import HeadInfo, Record, make_record, verify_record
 
 T = TypeVar("T")
@@ -133,6 +139,10 @@ class MemoryTeam:
         self.roster = Roster.build(members, owners, self.agents)
         self.stores = {a: MemoryStore(a, self.roster) for a in self.agents}
         self.policies: dict[str, Policy] = {a: make_policy(self.policy) for a in self.agents}
+        self.contexts = {a: PolicyContext(agent_id=a, roster=self.roster, store=self.stores[a],
+                                          state=MemoryState(), policy=self.policies[a],
+                                          now=trio.current_time)
+                         for a in self.agents}
         self.directory: dict[str, HeadInfo] = {}
         self.replans_made: dict[str, int] = {}
         self.hook_calls: list[Call] = []
@@ -227,6 +237,8 @@ class MemoryEnv:
         self.identity = team.identities[agent]
         self.roster = team.roster
         self.store: LocalStore = team.stores[agent]
+        self.state = team.contexts[agent].state
+        self.memory = team.contexts[agent].memory
 
     @property
     def agent_id(self) -> str:
@@ -280,11 +292,33 @@ class MemoryEnv:
                 self._peer(peer).install(record)
         await self.team.rpc(self.agent_id, peer, "install", run)
 
-    async def announce(self, peer: str, heads: Sequence[HeadInfo]) -> None:
-        def run() -> None:
-            for head in heads:
-                self._peer(peer).set_synced_head(head)
-        await self.team.rpc(self.agent_id, peer, "announce", run)
+    async def call(self, peer: str, method: str, body: Mapping[str, Any]) -> Any:
+        """A policy-defined method, served by the peer's policy as a node serves it
+        (``protocols.policy_rpc.serve``); the answer checked like the node's client."""
+        rpc = rpc_named(method)
+        if rpc is None:
+            raise LocalProtocolError(f"call: {method!r} is not a policy-defined method")
+        params = to_wire(rpc.request.check(to_wire(body), method))
+
+        def run() -> Any:
+            self._peer(peer)
+            try:
+                return serve(rpc, self.team.contexts[peer], self.agent_id, params)
+            except PolicyFault as exc:
+                raise RemoteCallError(POLICY_FAULT, str(exc)) from None
+        answer = await self.team.rpc(self.agent_id, peer, method, run)
+        if rpc.response is None:
+            return answer
+        try:
+            return rpc.response.check(answer, f"{method} answer")
+        except RemoteProtocolError as exc:
+            raise IntegrityError(str(exc)) from None
+
+    async def call_many(self, calls: Sequence[tuple[str, str, Mapping[str, Any]]]
+                        ) -> list[Any]:
+        def one(peer: str, method: str, body: Mapping[str, Any]) -> Callable[[], Awaitable[Any]]:
+            return lambda: self.call(peer, method, body)
+        return await self.concurrently([one(*c) for c in calls])
 
     async def replica_versions(self, peer: str, keys: Sequence[str]) -> dict[str, HeadInfo]:
         def run() -> dict[str, HeadInfo]:

@@ -1,0 +1,143 @@
+"""The testbed from Python (notebooks and scripts); the command line is built on it.
+
+    from testbed import api
+
+    campaign = api.from_dict({"name": "mine", "seed": 1, "templates": 2,
+                              "grid": {"policy": ["planfence", "batched_all_key"],
+                                       "network": "loopback", "units": 24}})
+    print("\\n".join(api.check(campaign)))       # the plan; creates nothing
+    api.run(campaign, "results/mine")            # resume=True finishes an interrupted run
+    episodes = api.episodes("results/mine")     # pandas DataFrames
+    actions = api.actions("results/mine")
+    api.report("results/mine")                   # tables, figures, report.md
+
+Errors are those of the command line (``testbed.errors``): a ``UserError`` names the
+field, a ``HostError`` says what the machine lacks. Shaped networks need root (the
+command line re-executes itself into a user namespace when it is not; this API does
+not).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import trio
+from rich.console import Console
+
+from testbed.campaign.model import Campaign
+from testbed.campaign.networks import check_backend
+from testbed.campaign.parse import load_campaign, parse_campaign
+from testbed.campaign.plugins import load as load_plugins
+from testbed.campaign.plugins import resolve_names
+from testbed.errors import HostError, UserError
+from testbed.report.build import build_report
+from testbed.report.load import load_run
+from testbed.run.contract import RunSummary
+
+__all__ = ["Campaign", "actions", "check", "episodes", "from_dict", "load", "report", "run"]
+
+
+def _with_plugins(campaign: Campaign, plugins: Sequence[str]) -> Campaign:
+    names = resolve_names(list(plugins), base_dir=Path.cwd(), where="--plugin")
+    return replace(campaign, plugins=tuple(dict.fromkeys([*campaign.plugins, *names])))
+
+
+def load(name_or_path: str | Path, *, plugins: Sequence[str] = (),
+         templates: int | None = None) -> Campaign:
+    """A shipped preset by name or a campaign TOML file; ``plugins`` are loaded first
+    (module names or .py paths, as ``--plugin``) and recorded with the campaign."""
+    names = resolve_names(list(plugins), base_dir=Path.cwd(), where="--plugin")
+    load_plugins(names, where="--plugin")
+    campaign = _with_plugins(load_campaign(name_or_path), names)
+    return campaign.with_templates(templates) if templates is not None else campaign
+
+
+def from_dict(data: Mapping[str, Any], *, plugins: Sequence[str] = (),
+              base_dir: Path | None = None) -> Campaign:
+    """A campaign from the table a campaign file decodes to (docs/campaigns.md)."""
+    return parse_campaign(data, source="<dict>", base_dir=base_dir,
+                          plugins=resolve_names(list(plugins), base_dir=Path.cwd(),
+                                                where="--plugin"))
+
+
+def check(campaign: Campaign, *, jobs: int = 1, backend: str | None = None) -> list[str]:
+    """The plan (cells, episodes, networks, a wall-time estimate) as lines; creates
+    nothing. Raises the one-line error a run would raise for the backend."""
+    from testbed.tools.plan_view import plan_lines
+
+    check_backend(campaign, backend or campaign.options.backend)
+    return plan_lines(campaign, jobs=jobs, backend=backend)
+
+
+def run(campaign: Campaign, out: str | Path, *, resume: bool = False, extend: bool = False,
+        jobs: int | None = None, backend: str | None = None, workdir: str | Path | None = None,
+        console: Console | None = None, host_lanes: int | None = None,
+        allow_dirty: bool = False) -> RunSummary:
+    """Run ``campaign`` into ``out`` (``resume``: finish an interrupted run there).
+
+    The run holds lanes of the host's budget (``host_lanes``, default 8 per CPU;
+    docs/campaigns.md, "Host-wide lanes") beside other runs on this host; a run into
+    the repository's results/ needs a committed checkout unless ``allow_dirty``."""
+    from testbed.host.lanes import HostLanes
+    from testbed.host.ledger import Ledger, clean_dead_runs, open_run_ledger, run_state_dir
+    from testbed.run.episode import EpisodeRunner
+    from testbed.run.loop import run_campaign
+
+    out = Path(out)
+    lanes = jobs if jobs is not None else campaign.execution.jobs
+    check_backend(campaign, backend or campaign.options.backend)
+    shaped = any(campaign.network_profile(n).link is not None for n in campaign.network_names())
+    if shaped and os.geteuid() != 0:
+        raise HostError(f"campaign {campaign.name!r} has shaped networks: they need root "
+                        "(or the `testbed run` command line, which enters a user namespace)")
+    printer = console or Console(highlight=False)
+    label = str(out.absolute())
+    if resume or extend:
+        for item in clean_dead_runs(run_state_dir(), label=label):
+            printer.print(f"removed {item} (left by an interrupted run)")
+    root = Path(workdir) if workdir is not None else None
+    summary: list[RunSummary] = []
+
+    async def main(ledger: Ledger) -> None:
+        runner = EpisodeRunner(campaign, workdir_root=root, backend=backend, ledger=ledger,
+                               link_log_dir=out / "links", shared_emulator=lanes > 1)
+        with HostLanes(ledger.prefix, budget=host_lanes, campaign=campaign.name,
+                       label=label) as host:
+            summary.append(await run_campaign(campaign, out, resume=resume, extend=extend,
+                                              jobs=lanes, runner=runner, console=printer,
+                                              host=host, allow_dirty=allow_dirty))
+
+    with open_run_ledger(label) as ledger:
+        trio.run(main, ledger)
+    return summary[0]
+
+
+def _run_dir(run_dir: str | Path) -> Path:
+    path = Path(run_dir)
+    if not (path / "episodes.parquet").exists():
+        raise UserError(f"{path} has no episodes.parquet (run a campaign into it first, or "
+                        "finish it with resume=True)")
+    return path
+
+
+def episodes(run_dir: str | Path) -> pd.DataFrame:
+    """One row per episode (the result columns of docs/campaigns.md, plus the derived
+    ``scheduled``, ``issued``, ``invalid_n``, ``available``, ``valid``)."""
+    return load_run(_run_dir(run_dir)).episodes
+
+
+def actions(run_dir: str | Path) -> pd.DataFrame:
+    """One row per protected action."""
+    return load_run(_run_dir(run_dir)).actions
+
+
+def report(run_dir: str | Path, *, draws: int = 10_000, seed: int = 0,
+           console: Console | None = None, episode: str | None = None) -> dict[str, Any]:
+    """Write tables, figures and report.md/html into ``run_dir``; what was written."""
+    return build_report(_run_dir(run_dir), draws=draws, seed=seed, console=console,
+                        episode=episode)

@@ -1,0 +1,80 @@
+"""A campaign's policy plugins: loaded before its grid is checked, recorded in the manifest.
+
+Rules:
+
+1. ``plugins = [...]`` in a campaign file (and ``--plugin`` on the command line) names
+   modules on ``sys.path`` or ``.py`` files (relative to the campaign file's folder);
+   installed entry-point plugins are loaded too (``nodes.plugins``). A plugin that
+   cannot be used is one ``CampaignError`` line naming it, before anything starts.
+2. The manifest records, per plugin that registered a policy the campaign runs (and
+   per plugin the campaign names), its distribution, version and source SHA-256;
+   ``--resume``/``--extend`` refuse a run whose plugin is gone or changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from nodes.plugins import PluginError, load_plugin, load_plugins, loaded_plugins, plugin_of
+from testbed.campaign.model import Campaign, CampaignError
+
+
+def resolve_names(names: Any, *, base_dir: Path | None, where: str = "plugins"
+                  ) -> tuple[str, ...]:
+    """Plugin names as written, file paths made absolute (relative to ``base_dir``)."""
+    if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+        raise CampaignError(f"{where}: {names!r} is not allowed; allowed: a list of module "
+                            "names or .py file paths")
+    out = []
+    for name in names:
+        if name.endswith(".py") or "/" in name:
+            path = Path(name)
+            if not path.is_absolute() and base_dir is not None:
+                path = base_dir / path
+            name = str(path.resolve())
+        out.append(name)
+    return tuple(dict.fromkeys(out))
+
+
+def load(names: Sequence[str], *, where: str = "plugins") -> None:
+    """Load entry-point plugins and ``names`` (rule 1)."""
+    try:
+        load_plugins(names)
+    except PluginError as exc:
+        raise CampaignError(f"{where}: {exc}") from None
+
+
+def provenance(campaign: Campaign) -> dict[str, dict[str, Any]]:
+    """What the manifest records of the campaign's plugins (rule 2)."""
+    used = {cell.policy.split("/")[0] for cell in campaign.cells()}
+    out: dict[str, dict[str, Any]] = {}
+    for info in loaded_plugins():
+        if info.name in campaign.plugins or used & set(info.policies):
+            out[info.name] = info.to_dict()
+    for name in sorted(used):
+        origin = plugin_of(name)
+        if origin is not None:
+            out.setdefault(origin.name, origin.to_dict())
+    return out
+
+
+def changed(recorded: Mapping[str, Any]) -> str | None:
+    """Why a recorded plugin no longer matches what is loaded (None: all the same)."""
+    current = {p.name: p for p in loaded_plugins()}
+    for name, old in sorted(recorded.items()):
+        info = current.get(name)
+        why = "it is not loaded"
+        if info is None and isinstance(old, Mapping) and old.get("module"):
+            try:
+                info = load_plugin(name)
+            except PluginError as exc:
+                why = str(exc)
+        if info is None:
+            return f"plugin {name!r} of the recorded run cannot be used now ({why})"
+        if isinstance(old, Mapping) and old.get("source_sha256") != info.source_sha256:
+            return (f"plugin {name!r} changed since the run was recorded (source SHA-256 "
+                    f"{str(old.get('source_sha256'))[:12]} then, {info.source_sha256[:12]} "
+                    "now); rerun into another --out")
+    return None
