@@ -167,7 +167,7 @@ def _table_c4(run: Run, frame: pd.DataFrame, network: str) -> Table:
                  "fresh_memory_stale_plan_incorrect": int((stale & held & ~right).sum()),
                  "fresh_memory_stale_plan_correct": int((stale & held & right).sum()),
                  "obsolete_memory_incorrect": int((stale & ~held & ~right).sum()),
-                 "current_plan": int((~stale).sum())}
+                 "current_plan": int((~stale & ~part["aborted"].astype(bool)).sum())}
         rows.append([Cell(arm_title(policy, inputs)), Cell(f"{cases['stale_plan']}/{n}"),
                      Cell(str(cases["fresh_memory_stale_plan_incorrect"])),
                      Cell(str(cases["fresh_memory_stale_plan_correct"])),
@@ -184,7 +184,8 @@ def _table_c4(run: Run, frame: pd.DataFrame, network: str) -> Table:
                   "(its record, then each role call's parents) and the act's report of what "
                   "the executor held when it decided; the model is never asked. The first "
                   "column counts tasks whose primary (or blocked candidate) derives from the "
-                  "initial requirement; the next three split them as appendix C.4 does."))
+                  "initial requirement; the next three split them as appendix C.4 does. An aborted "
+                  "task (Infra.) is in neither the first nor the last column."))
 
 
 def _costs(run: Run, frame: pd.DataFrame, network: str) -> Table:
