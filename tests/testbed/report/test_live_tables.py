@@ -84,21 +84,25 @@ def by_arm(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.set_index(["policy", "executor_inputs"])
 
 
+def row(frame: pd.DataFrame, key: tuple[str, str]) -> dict[str, Any]:
+    return {str(k): v for k, v in frame.loc[[key]].iloc[0].items()}
+
+
 def test_table_1b_counts_every_scheduled_task_per_arm() -> None:
     tables = {t.name: t for t in live_tables(make_run(c2_rows()), OPTIONS)}
     assert set(tables) == {"table_1b_loopback", "table_c2_loopback", "table_c4_loopback",
                            "table_live_costs_loopback"}
     table = tables["table_1b_loopback"]
     data = by_arm(table.data)
-    fresh = data.loc[("owner_head_freshness", "local")]
+    fresh = row(data, ("owner_head_freshness", "local"))
     assert (fresh["tasks"], fresh["task_success"], fresh["invalid_primary"],
             fresh["primary_obsolete"], fresh["infra"]) == (3, 0, 2, 2, 1)
-    planfence = data.loc[("planfence", "local")]
+    planfence = row(data, ("planfence", "local"))
     assert (planfence["tasks"], planfence["task_success"], planfence["successful_replans"],
             planfence["redundant_auditor_actions"], planfence["model_failures"],
             planfence["primary_model_failure"], planfence["primary_correct"],
             planfence["primary_blocked"]) == (4, 2, 2, 1, 1, 1, 2, 1)
-    control = data.loc[("owner_head_freshness", "fresh")]
+    control = row(data, ("owner_head_freshness", "fresh"))
     assert (control["primary_correct"], control["primary_obsolete"],
             control["task_success"]) == (2, 1, 1)
     # arms in the paper's order, the fresh control right after its policy
@@ -111,7 +115,7 @@ def test_table_1b_counts_every_scheduled_task_per_arm() -> None:
 def test_c2_counts_the_adapted_primary_and_the_auditor_that_undoes_it() -> None:
     tables = {t.name: t for t in live_tables(make_run(c2_rows()), OPTIONS)}
     data = by_arm(tables["table_c2_loopback"].data)
-    control = data.loc[("owner_head_freshness", "fresh")]
+    control = row(data, ("owner_head_freshness", "fresh"))
     assert (control["correct_primary"], control["task_success"],
             control["incorrect_auditor_actions"]) == (2, 1, 1)
     assert data.loc[("owner_head_freshness", "local"), "correct_primary"] == 0
@@ -120,10 +124,10 @@ def test_c2_counts_the_adapted_primary_and_the_auditor_that_undoes_it() -> None:
 def test_c4_splits_stale_plans_by_what_the_executor_held_and_did() -> None:
     tables = {t.name: t for t in live_tables(make_run(c2_rows()), OPTIONS)}
     data = by_arm(tables["table_c4_loopback"].data)
-    fresh = data.loc[("owner_head_freshness", "local")]
+    fresh = row(data, ("owner_head_freshness", "local"))
     assert (fresh["stale_plan"], fresh["fresh_memory_stale_plan_incorrect"],
             fresh["fresh_memory_stale_plan_correct"], fresh["current_plan"]) == (2, 2, 0, 0)
-    control = data.loc[("owner_head_freshness", "fresh")]
+    control = row(data, ("owner_head_freshness", "fresh"))
     assert (control["stale_plan"], control["fresh_memory_stale_plan_correct"],
             control["obsolete_memory_incorrect"]) == (3, 2, 1)
     assert data.loc[("planfence", "local"), "current_plan"] == 4
@@ -135,7 +139,7 @@ def test_c4_a_correct_action_from_a_stale_plan_without_the_revision_is_not_fresh
                  executor_held_revision=False),
             task(2, "owner_head_freshness", "correct", plan_from_initial=True)]
     tables = {t.name: t for t in live_tables(make_run(rows), OPTIONS)}
-    fresh = by_arm(tables["table_c4_loopback"].data).loc[("owner_head_freshness", "local")]
+    fresh = row(by_arm(tables["table_c4_loopback"].data), ("owner_head_freshness", "local"))
     assert (fresh["stale_plan"], fresh["fresh_memory_stale_plan_correct"],
             fresh["obsolete_memory_incorrect"], fresh["current_plan"]) == (2, 1, 0, 0)
 
@@ -143,7 +147,7 @@ def test_c4_a_correct_action_from_a_stale_plan_without_the_revision_is_not_fresh
 def test_the_costs_are_per_arm_and_count_every_completion() -> None:
     tables = {t.name: t for t in live_tables(make_run(c2_rows()), OPTIONS)}
     data = by_arm(tables["table_live_costs_loopback"].data)
-    planfence = data.loc[("planfence", "local")]
+    planfence = row(data, ("planfence", "local"))
     assert planfence["completions"] == 16
     assert planfence["replan_call_ms_median"] == 50.0
     assert planfence["corrections"] == 1
@@ -162,11 +166,11 @@ def test_the_live_cohort_counts_confirmed_overlaps_and_blocks_after_a_replan() -
     assert "table_f_live_loopback" in tables
     assert "table_c2_loopback" not in tables
     data = tables["table_f_live_loopback"].data.set_index(["policy", "overlap"])
-    overlapped = data.loc[("planfence", "in_generation")]
+    overlapped = row(data, ("planfence", "in_generation"))
     assert (overlapped["attempts"], overlapped["overlap_confirmed"],
             overlapped["blocked_after_replan"], overlapped["effect_correct_primary"]) == \
         (4, 2, 3, 0)
-    control = data.loc[("planfence", "none")]
+    control = row(data, ("planfence", "none"))
     assert (control["attempts"], control["effect_correct_primary"]) == (2, 2)
     assert pd.isna(control["overlap_confirmed"])
     assert data.loc[("centralized_lineage", "in_generation"), "blocked_after_replan"] == 3
