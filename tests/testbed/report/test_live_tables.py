@@ -13,6 +13,7 @@ from testbed.report.load import Run, with_action_counts
 from testbed.report.table_common import Options
 from testbed.report.tables import build_tables
 from testbed.report.tables_live import STAND_IN_NOTE, live_tables
+from testbed.results.summary import _setting
 
 OPTIONS = Options(draws=50, seed=0)
 CELL: dict[str, Any] = {"campaign": "l", "network": "loopback", "backend": "none",
@@ -186,3 +187,11 @@ def test_only_a_live_run_has_live_tables() -> None:
     assert live_tables(run, OPTIONS) == []
     names = [t.name for t in build_tables(make_run(c2_rows()), draws=10, seed=0)]
     assert "table_1b_loopback" in names
+
+
+def test_the_run_summary_tells_the_live_arms_and_conditions_apart() -> None:
+    settings = [_setting(pd.Series({"executor_inputs": inputs, "overlap": overlap,
+                                    "batch": 1}))
+                for inputs, overlap in (("local", "none"), ("fresh", "none"),
+                                        ("local", "in_generation"))]
+    assert settings == ["", "fresh before generation", "update in generation"]
