@@ -164,6 +164,30 @@ async def test_an_update_during_the_replacement_generation_blocks(tmp_path: Path
     assert set(table.loc[table["overlap"] == "in_generation", "blocked_after_replan"]) == {3}
 
 
+async def test_an_auditor_that_repeats_a_valid_primary_is_a_redundant_action(
+        tmp_path: Path) -> None:
+    """The auditor's own action goes through its policy's validation and is judged at
+    its issue: after a correct primary a repeat is redundant (Table 1(b)'s column); after
+    an obsolete one (owner-head freshness: the auditor's copy is as stale) it is wrong."""
+    async with open_stand_in("--auditor-repeat-rate", "1") as url:
+        actions, episodes = await run(preset("live", url, 3), tmp_path / "repeat")
+    assert not episodes["aborted"].any()
+    for policy in ("planfence", "centralized_lineage"):
+        mine = actions[actions["policy"] == policy]
+        assert (mine["auditor_actions"] == 1).all()
+        assert (mine["redundant_auditor_actions"] == 1).all()
+        assert (mine["auditor_incorrect"] == 0).all()
+        assert mine["task_success"].all()
+    fresh = actions[actions["policy"] == "owner_head_freshness"]
+    assert (fresh["auditor_actions"] == 1).all()
+    assert (fresh["redundant_auditor_actions"] == 0).all()
+    assert (fresh["auditor_incorrect"] == 1).all()
+    build_report(tmp_path / "repeat", draws=50)
+    table = pd.read_csv(tmp_path / "repeat" / "tables" / "table_1b_loopback.csv")
+    assert dict(zip(table["policy"], table["redundant_auditor_actions"], strict=True)) == {
+        "owner_head_freshness": 0, "centralized_lineage": 3, "planfence": 3}
+
+
 async def test_model_failures_are_counted_never_accepted(tmp_path: Path) -> None:
     async with open_stand_in("--fault", "malformed") as url:
         campaign = preset("live", url, 3)
