@@ -33,7 +33,13 @@ Rules this module obeys (pure: no I/O, no clock, every choice from a seeded gene
 6. Record contents are deterministic pseudo-random bytes (cheap to generate), sized
    per tier: compact 0.5-4 KiB, artifact 256-320 KiB. Every key also gets an initial
    version (``Schedule.seeds``) written by its owner before the episode starts.
-7. A plan's decision is the template's (a verb of the family's vocabulary and an
+7. Every protected action declares one critical input (``Act.critical``, read by
+   ``planfence_budget``'s ``critical_first`` ranking): one of its declared keys, drawn
+   from a generator of its own seeded by the schedule's parameters and the action id,
+   so it takes nothing from the schedule's stream and is not correlated with which key
+   the block's updates write. Being a function of what the digest already covers, it
+   is left out of the digest: every schedule (and digest) is what it was before.
+8. A plan's decision is the template's (a verb of the family's vocabulary and an
    option) unless the campaign replays the decisions a live run's models made
    (``testbed.campaign.decisions``); then only the decisions differ.
 """
@@ -121,6 +127,7 @@ class Act:
     action: str
     executor: str
     keys: tuple[str, ...]
+    critical: str = ""  # the declared critical input (rule 7); "" in single-action trials
 
 
 Event = Update | Plan | Act
@@ -241,7 +248,7 @@ def generate_schedule(*, seed: int, family: str, template: str, agents: int = 5,
     """Build the seeded schedule of one episode (see the module rules).
 
     ``decide(i)`` gives the decision of the ``i``-th plan in place of the template's
-    (recorded decisions of a live run, rule 7); every seeded draw stays the same."""
+    (recorded decisions of a live run, rule 8); every seeded draw stays the same."""
     _check_params(family, template, agents, keys, units, deps, rho, tier)
     if derivation not in DERIVATIONS:
         raise WorkloadError(f"derivation: {derivation!r} is not allowed; allowed: "
@@ -290,7 +297,8 @@ def generate_schedule(*, seed: int, family: str, template: str, agents: int = 5,
             events.append(Update(unit, key, owners[key], rtype,
                                  content(f"{key}/v{versions[key]}")))
             unit += 1
-        events.append(Act(unit, action, agent_ids[executor], declared))
+        events.append(Act(unit, action, agent_ids[executor], declared,
+                          critical_input(params, action, declared)))
         unit += 1
     assert unit <= units, "realised_counts keeps every event inside the horizon"
 
@@ -299,6 +307,11 @@ def generate_schedule(*, seed: int, family: str, template: str, agents: int = 5,
                     keys=key_ids, owners=owners, units=units, deps=deps, rho=float(rho),
                     tier=tier, depth=depth, seeds=seeds, events=tuple(events),
                     counts=counts, digest=digest)
+
+
+def critical_input(params: tuple[object, ...], action: str, declared: tuple[str, ...]) -> str:
+    """The action's declared critical input (rule 7): its own seeded draw."""
+    return random.Random(seed_int("critical", *params, action)).choice(declared)
 
 
 def template_roles(rng: random.Random, shape: Template, agents: int) -> tuple[int, int]:
