@@ -133,7 +133,6 @@ class ModelClient:
                                              transport=transport, headers=headers,
                                              timeout=timeout)
         self._slots = trio.Semaphore(endpoint.concurrency)
-        self._retry_after: float | None = None
         self.last_attempts = 0  # HTTP attempts the last chat made
 
     async def aclose(self) -> None:
@@ -159,10 +158,11 @@ class ModelClient:
         """One completion, with retries on timeouts, 429/5xx and broken connections."""
         body = self.request_body(messages, schema)
         last = "no attempt"
+        retry_after: float | None = None  # this call's last 429 (calls run concurrently)
         for attempt in range(self.endpoint.max_retries + 1):
             self.last_attempts = attempt + 1
             if attempt:
-                await trio.sleep(self._backoff_s(attempt, last))
+                await trio.sleep(backoff_s(attempt, last, retry_after))
             started = time.monotonic()
             try:
                 async with self._slots:
@@ -177,7 +177,7 @@ class ModelClient:
             latency_ms = (time.monotonic() - started) * 1000
             if response.status_code in RETRY_STATUSES:
                 last = f"HTTP {response.status_code}"
-                self._retry_after = _retry_after_s(response)
+                retry_after = _retry_after_s(response)
                 continue
             if response.status_code != 200:
                 raise ModelFailure(f"HTTP {response.status_code}: {response.text[:200]}")
@@ -188,12 +188,15 @@ class ModelClient:
         raise ModelFailure(f"no answer after {self.endpoint.max_retries + 1} attempts; "
                            f"last: {last}")
 
-    def _backoff_s(self, attempt: int, last: str) -> float:
-        backoff: float = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2.0 ** (attempt - 1))
-        if last.startswith("HTTP 429") and self._retry_after is not None:
-            backoff = min(BACKOFF_CAP_S, max(backoff, self._retry_after))
-        self._retry_after = None
-        return backoff
+
+
+def backoff_s(attempt: int, last: str, retry_after: float | None) -> float:
+    """The wait before retry ``attempt`` (1, 2, ...): doubling from the base up to the
+    cap; after a 429, its ``Retry-After`` when longer, up to the same cap."""
+    backoff: float = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2.0 ** (attempt - 1))
+    if last.startswith("HTTP 429") and retry_after is not None:
+        backoff = min(BACKOFF_CAP_S, max(backoff, retry_after))
+    return backoff
 
 
 def _retry_after_s(response: httpx.Response) -> float | None:

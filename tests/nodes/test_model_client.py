@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import trio
 
-from nodes.model_client import BACKOFF_CAP_S, Endpoint, ModelClient
+from nodes.model_client import BACKOFF_CAP_S, Endpoint, ModelClient, backoff_s
 from protocols.roles import ModelFailure
 
 MESSAGES = [{"role": "user", "content": "decide"}]
@@ -171,16 +171,12 @@ async def test_the_last_failure_is_a_model_failure_after_every_retry() -> None:
 
 
 def test_the_backoff_doubles_to_its_cap_and_honours_retry_after_up_to_it() -> None:
-    model = client(9)  # never connects
-    assert [model._backoff_s(n, "HTTP 500") for n in (1, 2, 3)] == [0.25, 0.5, 1.0]
-    assert model._backoff_s(12, "timeout") == BACKOFF_CAP_S
-    model._retry_after = 3.0
-    assert model._backoff_s(1, "HTTP 429") == 3.0
-    assert model._backoff_s(1, "HTTP 429") == 0.25  # a Retry-After is used once
-    model._retry_after = 600.0
-    assert model._backoff_s(1, "HTTP 429") == BACKOFF_CAP_S
-    model._retry_after = 3.0
-    assert model._backoff_s(1, "HTTP 503") == 0.25  # only a 429's Retry-After counts
+    assert [backoff_s(n, "HTTP 500", None) for n in (1, 2, 3)] == [0.25, 0.5, 1.0]
+    assert backoff_s(12, "timeout", None) == BACKOFF_CAP_S
+    assert backoff_s(1, "HTTP 429", 3.0) == 3.0
+    assert backoff_s(3, "HTTP 429", 0.0) == 1.0  # never shorter than the backoff
+    assert backoff_s(1, "HTTP 429", 600.0) == BACKOFF_CAP_S
+    assert backoff_s(1, "HTTP 503", 3.0) == 0.25  # only a 429's Retry-After counts
 
 
 async def test_a_retry_after_of_a_429_is_waited_for() -> None:
