@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
+from testbed.campaign.command import COMMAND_KIND, CommandWorkload, command_to_data
 from testbed.campaign.decisions import RecordedDecisions
 from testbed.campaign.endpoint import ModelSettings
 from testbed.campaign.live import EXECUTOR_INPUTS, LIVE_KIND, OVERLAPS, live_schedule
@@ -62,7 +63,7 @@ EXTRA_FIELDS = ("batch",)
 #: Grid fields of each study kind.
 STUDY_FIELDS: dict[str, tuple[str, ...]] = {
     "episodes": (), "replanning": ("replan_delay_s", "update_rate_per_s", "update_target"),
-    "handoff": ("scenario",), LIVE_KIND: ("executor_inputs", "overlap"),
+    "handoff": ("scenario",), LIVE_KIND: ("executor_inputs", "overlap"), COMMAND_KIND: (),
 }
 STUDY_DEFAULTS: dict[str, tuple[Any, ...]] = {
     "batch": (1,), "replan_delay_s": (0.0,), "update_rate_per_s": (0.0,),
@@ -152,6 +153,7 @@ class Cell:
     scenario: str | None = None  # handoff trials
     executor_inputs: str | None = None  # live workflows
     overlap: str | None = None
+    own_program: bool = False  # a command workload's cell: ``policy`` is a label
 
     @property
     def id(self) -> str:
@@ -171,7 +173,7 @@ class Cell:
 
     @property
     def needs_central(self) -> bool:
-        return policy_needs_central(self.policy)
+        return not self.own_program and policy_needs_central(self.policy)
 
     @property
     def group_key(self) -> GroupKey:
@@ -210,6 +212,8 @@ class Campaign:
     model: ModelSettings | None = None
     #: A replay campaign's plan decisions from a live run (``decisions = "..."``).
     decisions: RecordedDecisions | None = None
+    #: The programs of a ``kind = "command"`` campaign (``testbed.campaign.command``).
+    command: CommandWorkload | None = None
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -225,7 +229,10 @@ class Campaign:
         for grid in self.grids:
             for values in itertools.product(*(grid.get(f, STUDY_DEFAULTS.get(f, (None,)))
                                               for f in names)):
-                cells.setdefault(Cell(**dict(zip(names, values, strict=True))), None)
+                cell = Cell(**dict(zip(names, values, strict=True)))
+                if self.kind == COMMAND_KIND:
+                    cell = replace(cell, own_program=True)
+                cells.setdefault(cell, None)
         return list(cells)
 
     def groups(self) -> list[tuple[GroupKey, list[Cell]]]:
@@ -301,4 +308,6 @@ class Campaign:
             config["decisions"] = self.decisions.describe()
         if self.plugins:
             config["plugins"] = list(self.plugins)
+        if self.command is not None:
+            config["command"] = command_to_data(self.command)
         return config

@@ -49,8 +49,12 @@ LIVE_ACTION_FIELDS: tuple[str, ...] = (
     "role_calls", "completions", "model_failures", "corrections", "prompt_tokens",
     "completion_tokens", "task_s", "role_call_ms_p50", "replan_call_ms",
 )
+#: Per action of a command workload (your own program's metrics, docs/own-programs.md):
+#: the host that reported it, its ``ok``, its time since replay time 0, and the other
+#: fields it reported (a JSON object).
+COMMAND_ACTION_FIELDS: tuple[str, ...] = ("host", "ok", "t_ms", "metrics")
 RUNNER_ACTION_OPTIONAL: tuple[str, ...] = (*COST_ACTION_FIELDS, *TRIAL_ACTION_FIELDS,
-                                           *LIVE_ACTION_FIELDS)
+                                           *LIVE_ACTION_FIELDS, *COMMAND_ACTION_FIELDS)
 #: Per episode, explainable costs: traffic without channel handshakes, and bytes by phase
 #: (their sum is the episode's traffic; docs/campaigns.md).
 COST_EPISODE_FIELDS: tuple[str, ...] = (
@@ -67,6 +71,10 @@ LINK_EPISODE_FIELDS: tuple[str, ...] = (
     "link_up_drops", "link_down_drops", "emulator_late_p99_ms", "emulator_late_max_ms",
     "link_log",
 )
+#: Per episode of a command workload (JSON objects): bytes, packets and drops per host
+#: and direction from the link counters, how each program ended, and the programs'
+#: ``episode`` metrics.
+COMMAND_EPISODE_FIELDS: tuple[str, ...] = ("link_host_bytes", "programs", "metrics")
 #: Per episode, written by the runner (every one required for a completed episode, but
 #: for :data:`RUNNER_EPISODE_OPTIONAL`).
 #: Bytes of the role calls (HTTP to the model server, both directions): a traffic column
@@ -76,10 +84,11 @@ RUNNER_EPISODE_FIELDS: tuple[str, ...] = (
     "stall_ms_per_action", "stall_action_ms", "stall_barrier_ms", "stall_commit_ms",
     "kib_per_action", "connections", "link_bytes", "wall_s", "congestion_control",
     *COST_EPISODE_FIELDS, "rpc_timeouts", *LINK_EPISODE_FIELDS, *MODEL_EPISODE_FIELDS,
+    *COMMAND_EPISODE_FIELDS,
 )
 RUNNER_EPISODE_OPTIONAL: tuple[str, ...] = ("wall_s", "congestion_control",
                                             *COST_EPISODE_FIELDS, *LINK_EPISODE_FIELDS,
-                                            *MODEL_EPISODE_FIELDS)
+                                            *MODEL_EPISODE_FIELDS, *COMMAND_EPISODE_FIELDS)
 
 _CELL_TYPES: dict[str, pa.DataType] = {
     "campaign": pa.string(), "cell": pa.string(), "policy": pa.string(),
@@ -111,6 +120,7 @@ _ACTION_TYPES: dict[str, pa.DataType] = {
     "role_calls": pa.int64(), "completions": pa.int64(), "model_failures": pa.int64(),
     "corrections": pa.int64(), "prompt_tokens": pa.int64(), "completion_tokens": pa.int64(),
     "task_s": pa.float64(), "role_call_ms_p50": pa.float64(), "replan_call_ms": pa.float64(),
+    "host": pa.string(), "ok": pa.bool_(), "t_ms": pa.float64(), "metrics": pa.string(),
 }
 _EPISODE_TYPES: dict[str, pa.DataType] = {
     "seed": pa.int64(), "scheduled_actions": pa.int64(), "attempted_actions": pa.int64(),
@@ -130,6 +140,7 @@ _EPISODE_TYPES: dict[str, pa.DataType] = {
     "link_up_drops": pa.int64(), "link_down_drops": pa.int64(),
     "emulator_late_p99_ms": pa.float64(), "emulator_late_max_ms": pa.float64(),
     "link_log": pa.string(), "model_bytes": pa.int64(),
+    "link_host_bytes": pa.string(), "programs": pa.string(), "metrics": pa.string(),
 }
 ACTION_SCHEMA = pa.schema([*(pa.field(c, _CELL_TYPES[c]) for c in _CELL_TYPES),
                            *(pa.field(c, t) for c, t in _ACTION_TYPES.items())])
