@@ -33,6 +33,7 @@ from nodes.act import run_act
 from nodes.client import RpcClient, open_rpc_client
 from nodes.control import ControlError, field
 from nodes.limits import Limits, LimitsError
+from nodes.live_ops import LiveOps
 from nodes.node_env import NodeEnv
 from nodes.rpc import Handlers, SelfServingCaller
 from nodes.sched_probe import SchedProbe
@@ -122,7 +123,7 @@ def _episode_identity(args: Mapping[str, Any], cfg: _Config) -> tuple[Identity, 
     return identity, roster
 
 
-class Node:
+class Node(LiveOps):
     """State and control operations of one node process."""
 
     def __init__(self, nursery: trio.Nursery) -> None:
@@ -237,10 +238,12 @@ class Node:
                                    handlers=self.handlers)
         self.env = NodeEnv(identity=cfg.identity, roster=cfg.roster, store=store, client=caller,
                            counters=self.counters, state=ctx.state, memory=ctx.memory)
+        self.attach_live(self.env)
 
     async def close(self) -> None:
         """Stop services and close the store (called on shutdown and on signals)."""
         with trio.CancelScope(shield=True):
+            await self.close_live()
             for svc in (self._client_svc, self._server):
                 if svc is not None:
                     await svc.stop()
