@@ -33,8 +33,10 @@ from nodes.act import run_act
 from nodes.client import RpcClient, open_rpc_client
 from nodes.control import ControlError, field
 from nodes.limits import Limits, LimitsError
+from nodes.live_ops import LiveOps
 from nodes.node_env import NodeEnv
 from nodes.rpc import Handlers, SelfServingCaller
+from nodes.sched_probe import SchedProbe
 from nodes.server import DataPlaneServer, serve_data_plane
 from nodes.service import Service, watch_parent
 from nodes.store import DURABILITY_MODES, PolicyStateArea, SqliteStore, remove_store_files
@@ -121,7 +123,7 @@ def _episode_identity(args: Mapping[str, Any], cfg: _Config) -> tuple[Identity, 
     return identity, roster
 
 
-class Node:
+class Node(LiveOps):
     """State and control operations of one node process."""
 
     def __init__(self, nursery: trio.Nursery) -> None:
@@ -139,6 +141,8 @@ class Node:
         self._server_state: DataPlaneServer | None = None
         self._server_key: tuple[str, int] | None = None
         self._client_svc: Service | None = None
+        #: This process's scheduling delay per episode (nodes/sched_probe.py).
+        self.sched = SchedProbe()
 
     # --- helpers ------------------------------------------------------------------------
     def _ready(self) -> tuple[_Config, SqliteStore, NodeEnv, Policy]:
@@ -234,10 +238,12 @@ class Node:
                                    handlers=self.handlers)
         self.env = NodeEnv(identity=cfg.identity, roster=cfg.roster, store=store, client=caller,
                            counters=self.counters, state=ctx.state, memory=ctx.memory)
+        self.attach_live(self.env)
 
     async def close(self) -> None:
         """Stop services and close the store (called on shutdown and on signals)."""
         with trio.CancelScope(shield=True):
+            await self.close_live()
             for svc in (self._client_svc, self._server):
                 if svc is not None:
                     await svc.stop()
@@ -319,6 +325,7 @@ class Node:
             await client.rekey(cfg.identity, cfg.roster)
         self.counters.reset()
         self._new_episode_objects(cfg, store, client)
+        self.sched.reset()
         return {}
 
     async def op_seed(self, args: Mapping[str, Any]) -> dict[str, Any]:
@@ -438,6 +445,13 @@ class Node:
     async def op_counters(self, args: Mapping[str, Any]) -> dict[str, Any]:
         return self.counters.snapshot()
 
+    async def op_sched(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        """This process's scheduling delay since ``reset`` or the last ``restart``."""
+        report = self.sched.report()
+        if field(args, "restart", bool, default=False):
+            self.sched.reset()
+        return report
+
     async def op_head_log(self, args: Mapping[str, Any]) -> dict[str, Any]:
         _, store, _, _ = self._ready()
         return {"log": [list(entry) for entry in store.head_log()]}
@@ -459,6 +473,7 @@ async def run_node(control_path: str, parent_pid: int | None = None) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
             node = Node(nursery)
+            node.sched.start()
             try:
                 await nursery.start(serve_control, control_path, node)
                 log.info("control socket ready at %s", control_path)
@@ -474,5 +489,6 @@ async def run_node(control_path: str, parent_pid: int | None = None) -> None:
                                    node.shutdown_requested)
                 await node.shutdown_requested.wait()
             finally:
+                node.sched.stop()
                 await node.close()
                 nursery.cancel_scope.cancel()

@@ -22,7 +22,9 @@ from testbed.cli import (
     examples,
     info,
     maintenance,
+    model,
     policies,
+    precision,
     programs,
 )
 from testbed.cli.common import (
@@ -36,8 +38,8 @@ from testbed.cli.common import (
 from testbed.errors import HostError, UserError, one_line
 
 #: Sub-command modules in the order `testbed --help` lists them.
-COMMAND_MODULES = (info, examples, campaigns, programs, policies, cluster, maintenance,
-                   bench)
+COMMAND_MODULES = (info, examples, campaigns, precision, programs, policies, cluster, maintenance,
+                   model, bench)
 
 
 def build_parser() -> argparse.ArgumentParser:

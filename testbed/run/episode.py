@@ -30,6 +30,9 @@ Rules this module obeys:
    in the episode row (``LINK_EPISODE_FIELDS``; null where the backend has none), and
    with ``[options] link_log`` every host's two directions are logged packet by packet
    (Mahimahi format) under ``<run>/links/<episode>/``.
+8. Disturbance: after the last event every node reports its own scheduling delay over
+   the episode and the controller adds the host's busy and steal shares; the episode row
+   gets the ``disturbed`` verdict with its reason (``testbed/run/disturbance.py``).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ import trio
 
 from protocols.errors import ProtocolError
 from protocols.policies import describe_policy
+from testbed.campaign.live import LIVE_KIND
 from testbed.campaign.model import Campaign, Cell, GroupKey, episode_key
 from testbed.campaign.workload import Act, Plan, Schedule, Update
 from testbed.errors import LinkFailure, RunFailure
@@ -56,6 +60,9 @@ from testbed.host.ledger import Ledger
 from testbed.net.topology import Topology, open_topology
 from testbed.run.accounting import PhaseTally, action_costs, episode_costs
 from testbed.run.contract import EpisodeAborted, EpisodeResult
+from testbed.run.disturbance import HostSample, episode_disturbance
+from testbed.run.live import run_live_task
+from testbed.run.model_access import ModelAccess, needs_central_host, open_model_access
 from testbed.run.prepare import start_episode
 from testbed.run.team import (
     NodeDied,
@@ -88,6 +95,8 @@ class TeamGroup:
         self.link_log_dir = link_log_dir
         #: (setup seconds, whole episode seconds) per episode, for `testbed bench episode`.
         self.setup_times: list[tuple[float, float]] = []
+        #: A live campaign's relay to the model server (``testbed.run.model_access``).
+        self.model_access: ModelAccess | None = None
 
     @property
     def backend(self) -> str:
@@ -104,6 +113,7 @@ class TeamGroup:
         result: list[EpisodeResult] = []
         failed: list[BaseException] = []
         unresponsive: list[NodeUnresponsive] = []
+        host_before = HostSample.read()
         with trio.move_on_after(timeout_s) as deadline:
             async with trio.open_nursery() as nursery:
                 async def body() -> None:
@@ -140,9 +150,16 @@ class TeamGroup:
             raise EpisodeAborted(f"{type(exc).__name__}: {exc}")
         if deadline.cancelled_caught or not result:
             raise EpisodeAborted(f"episode timeout after {timeout_s:g} s")
+        try:  # rule 8: the nodes' scheduling delay and the host's load
+            result[0].episode.update(await episode_disturbance(
+                self.team, host_before, result[0].episode, len(result[0].actions)))
+        except (RunFailure, ProtocolError) as exc:
+            raise EpisodeAborted(f"{type(exc).__name__}: {exc}") from None
         return result[0]
 
     async def _run(self, cell: Cell, schedule: Schedule) -> EpisodeResult:
+        if self.campaign.kind == LIVE_KIND:  # live workflows (testbed/run/live.py)
+            return await run_live_task(self, cell, schedule)
         if self.campaign.kind != "episodes":  # single-action trials (testbed/run/trials.py)
             return await run_trial(self, cell, schedule)
         team, topo = self.team, self.topo
@@ -318,7 +335,8 @@ class EpisodeRunner:
         workdir = (ledger.new_tmpdir("planfence", self.workdir_root) if ledger is not None
                    else Path(tempfile.mkdtemp(prefix="planfence-", dir=self.workdir_root)))
         try:
-            async with open_topology(profile, agents, central=key.central,
+            central = key.central or needs_central_host(self.campaign)
+            async with open_topology(profile, agents, central=central,
                                      trace_offset_s=key.trace_offset_s,
                                      backend=self.backend, seed=self.campaign.seed,
                                      packet_log=self.link_log_dir is not None,
@@ -336,8 +354,11 @@ class EpisodeRunner:
                                      ) as team:
                     group = TeamGroup(topo, team, self.campaign,
                                       link_log_dir=self.link_log_dir)
-                    self.groups.append(group)
-                    yield group
+                    async with open_model_access(self.campaign, topo, team,
+                                                 ledger=ledger) as access:
+                        group.model_access = access
+                        self.groups.append(group)
+                        yield group
         finally:
             if ledger is not None:
                 ledger.remove_tmpdir(workdir)

@@ -32,7 +32,15 @@ Rules this module obeys:
    its ``scheduled_actions`` keep its slots in availability denominators. The group's
    topology and processes are then closed and reopened before the next episode, so a
    dead node cannot abort the rest of the group.
-6. A run that stops before its first episode is committed (a host or user error at the
+6. Attempts (``testbed/run/attempts.py``): with ``repeats`` or ``rerun_disturbed`` an
+   episode runs more than once with the same schedule; each attempt is committed on its
+   own with its ``attempt`` and ``repeat`` numbers, and what is still to run is planned
+   from the committed attempts, so ``--resume`` neither repeats a committed attempt nor
+   loses an interrupted rerun. The session in the manifest records both settings.
+7. A live campaign's model endpoint is probed before anything is created: unreachable is
+   a one-line HostError, a model it does not serve a one-line UserError; the manifest
+   records the model name and the server's reported version (never the API key).
+8. A run that stops before its first episode is committed (a host or user error at the
    first topology, Ctrl-C) in a directory that held no run removes what it created
    (``RunDir.discard``): the next plain run on that ``--out`` starts afresh. What a
    run can check beforehand it checks before anything exists (``testbed.run.preflight``).
@@ -55,6 +63,7 @@ from testbed.campaign.plugins import provenance as plugin_provenance
 from testbed.campaign.workload import Schedule
 from testbed.host.lanes import HostLanes
 from testbed.host.userns import privilege
+from testbed.results.decisions import write_decisions
 from testbed.results.provenance import (
     git_revision,
     host_description,
@@ -72,10 +81,12 @@ from testbed.results.schema import (
     check_fields,
 )
 from testbed.results.summary import print_summary
+from testbed.run.attempts import AttemptPolicy, EpisodePlan, plan_episode
 from testbed.run.command_rows import command_rows
 from testbed.run.contract import EpisodeResult, Runner, RunSummary
 from testbed.run.engines import Engine, LocalEngine
 from testbed.run.failures import UnitFailure, describe_failure, record_failure
+from testbed.run.model_access import probe_model
 from testbed.run.progress import ProgressLike, open_progress
 from testbed.run.units import EpisodeOutcome, plan_units, unshaped_networks
 
@@ -83,15 +94,17 @@ from testbed.run.units import EpisodeOutcome, plan_units, unshaped_networks
 async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
                        console: Console, runner: Runner | None = None,
                        engine: Engine | None = None, extend: bool = False,
-                       jobs: int = 1, host: HostLanes | None = None,
-                       allow_dirty: bool = False) -> RunSummary:
+                       jobs: int = 1, attempts: AttemptPolicy | None = None,
+                       host: HostLanes | None = None, allow_dirty: bool = False) -> RunSummary:
     """Run every not-yet-committed episode of ``campaign`` into ``out_dir``.
 
     ``engine`` runs the work units (default: :class:`LocalEngine` over ``runner`` with
     ``jobs`` lanes, holding lanes of the host's budget ``host`` if given; the progress
-    line then says who holds the host). A run into the repository's results/ needs a
-    committed checkout unless ``allow_dirty`` (``testbed.results.reference``).
+    line then says who holds the host); ``attempts`` the repeats and reruns of each
+    episode (rule 6). A run into the repository's results/ needs a committed checkout
+    unless ``allow_dirty`` (``testbed.results.reference``).
     """
+    policy = attempts or AttemptPolicy()
     if not (isinstance(jobs, int) and jobs >= 1):
         raise CampaignError(f"jobs: {jobs!r} is not allowed; allowed: an integer >= 1")
     if engine is None:
@@ -101,7 +114,7 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
     reference = check_reference_run(Path(out_dir), allow_dirty=allow_dirty)
     run_dir = RunDir(out_dir)
     extended_from: dict[str, int] | None = None
-    fresh = run_dir.is_empty()  # rule 6: a failed start here leaves nothing
+    fresh = run_dir.is_empty()  # rule 8: a failed start here leaves nothing
     made_folder = not run_dir.path.exists()
     if not fresh:
         if not (resume or extend):
@@ -110,6 +123,7 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
         extended_from = _check_same_campaign(run_dir, campaign, extend=extend)
     networks = network_provenance(campaign)  # hashes the trace files before anything runs
     plugins = plugin_provenance(campaign)
+    model = await probe_model(campaign)  # a live campaign's endpoint, before any episode
     t0 = time.monotonic()
     run_dir.open()
     status = "interrupted"
@@ -120,7 +134,9 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
         previous = run_dir.read_manifest()
         sessions = previous.get("sessions", [])
         session: dict[str, Any] = {"started_at": _now(), "resume": bool(sessions),
-                                   "jobs": jobs, "execution": engine.describe()}
+                                   "jobs": jobs, "execution": engine.describe(),
+                                   "repeats": policy.repeats,
+                                   "rerun_disturbed": policy.rerun_disturbed}
         if extended_from is not None:
             session["extended_from"] = extended_from
         run_dir.update_manifest(
@@ -132,12 +148,20 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
             networks={**previous.get("networks", {}), **networks},
             **({"plugins": {**previous.get("plugins", {}), **plugins}}
                if plugins or "plugins" in previous else {}),
+            **({"model": model} if model is not None else {}),
             sessions=[*sessions, session], status="running")
         done = run_dir.completed()
         episodes = campaign.episodes()
-        todo = [(c, t) for c, t in episodes if episode_key(c, t) not in done]
-        task = progress.add_task("episodes", total=len(episodes),
-                                 completed=len(episodes) - len(todo), host="")
+        recorded = run_dir.attempts()
+        plans: dict[str, EpisodePlan] = {}
+        for c, t in episodes:
+            plan = plan_episode(recorded.get(episode_key(c, t), []), policy)
+            if plan is not None:
+                plans[episode_key(c, t)] = plan
+        todo = [(c, t) for c, t in episodes if episode_key(c, t) in plans]
+        slots = len(episodes) * policy.repeats
+        task = progress.add_task("episodes", total=slots, host="",
+                                 completed=slots - sum(len(p.slots) for p in plans.values()))
         progress.start()
         if host is not None:
             host.on_status = lambda text: _host_status(progress, task, text)
@@ -153,7 +177,8 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
                 _note_group(run_dir, outcome)
             counts["ran"] += 1
             counts["aborted"] += commit_outcome(campaign, run_dir, outcome)
-            progress.advance(task)
+            if not outcome.rerun:
+                progress.advance(task)
 
         def on_failure(failure: UnitFailure) -> None:
             record_failure(run_dir, failure)
@@ -161,7 +186,7 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
             if not failure.retried:
                 failures.append(failure)
 
-        units = plan_units(todo, per_template=engine.per_template,
+        units = plan_units(todo, per_template=engine.per_template, plans=plans,
                            unshaped=unshaped_networks(campaign))
         await engine.run(units, campaign, on_start=on_start, on_outcome=on_outcome,
                          on_failure=on_failure)
@@ -169,7 +194,7 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
     finally:
         progress.stop()
         if fresh and status != "complete" and not run_dir.completed():
-            run_dir.discard(remove_folder=made_folder)  # rule 6: a failed start
+            run_dir.discard(remove_folder=made_folder)  # rule 8: a failed start
         else:
             sessions = run_dir.read_manifest().get("sessions", [])
             if sessions:
@@ -180,7 +205,8 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
             run_dir.close()
     if status == "complete":
         print_summary(run_dir.path, console)
-    return RunSummary(run_dir.path, len(campaign.episodes()), len(done), counts["ran"],
+    return RunSummary(run_dir.path, len(campaign.episodes()),
+                      len(done - {episode_key(c, t) for c, t in todo}), counts["ran"],
                       counts["aborted"], time.monotonic() - t0, tuple(failures))
 
 
@@ -190,9 +216,9 @@ def commit_outcome(campaign: Campaign, run_dir: RunDir, outcome: EpisodeOutcome)
     schedule = campaign.schedule(cell, outcome.template)
     base = {"campaign": campaign.name, **cell.columns(), "backend": outcome.backend,
             "episode": key, "family": schedule.family, "template": schedule.template,
-            "schedule_digest": schedule.digest}
+            "schedule_digest": schedule.digest, "attempt": outcome.attempt}
     if outcome.result is None:
-        episode_row = {**base, "seed": campaign.seed,
+        episode_row = {**base, "seed": campaign.seed, "repeat": outcome.repeat,
                        "scheduled_actions": schedule.counts.actions, "attempted_actions": 0,
                        "updates": schedule.counts.updates, "aborted": True,
                        "abort_reason": outcome.abort_reason, "wall_s": outcome.wall_s,
@@ -201,7 +227,11 @@ def commit_outcome(campaign: Campaign, run_dir: RunDir, outcome: EpisodeOutcome)
         return True
     rows = command_rows if campaign.kind == COMMAND_KIND else _rows
     actions, episode_row = rows(base, campaign, schedule, outcome.result, outcome.wall_s, key)
-    run_dir.record_episode(key, actions, {**episode_row, "worker": outcome.worker})
+    if outcome.result.decisions:  # before the commit point: a committed episode has them
+        write_decisions(run_dir.path, key, outcome.result.decisions,
+                        {k: base[k] for k in ("episode", "cell", "policy", "family", "template")})
+    run_dir.record_episode(key, actions, {**episode_row, "worker": outcome.worker,
+                                          "repeat": outcome.repeat})
     return False
 
 
