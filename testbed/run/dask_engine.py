@@ -2,8 +2,10 @@
 
 Rules (the engine side; the worker side is ``testbed.run.remote``):
 
-1. ``open_dask_engine("local:N" | "tcp://HOST:PORT")`` starts a LocalCluster of N
-   worker processes (one lane each) or connects to a running scheduler. Every worker
+1. ``open_dask_engine("local:N" | "tls://HOST:PORT")`` starts a LocalCluster of N
+   worker processes (one lane each, everything on 127.0.0.1, no dashboard) or connects
+   to a running scheduler, with mutual TLS where certificates are given and plain tcp
+   beyond loopback only if allowed (``testbed.run.cluster_security``). Every worker
    declares ``lanes`` resources (``testbed worker --lanes N``); each unit asks for one
    lane, so a host runs at most its lanes' worth of units at once.
 2. Before anything runs, every worker's summary (host, kernel, which backends work,
@@ -18,6 +20,9 @@ Rules (the engine side; the worker side is ``testbed.run.remote``):
    sent (their stall is CPU time); emulated-link units fill every lane.
 5. Cancelling (Ctrl-C) sets the run's cancel event, cancels the futures and waits for
    the workers' running units to tear their topologies down.
+6. Losing the scheduler (its futures cancelled under us) raises :class:`SchedulerLost`
+   once, with no traceback: what finished is committed, the run directory is
+   consistent, and ``testbed run`` says how to ``--resume``.
 """
 
 from __future__ import annotations
@@ -27,17 +32,20 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import dask
 import trio
 from distributed import Client, Event, LocalCluster, as_completed
+from distributed.client import FutureCancelledError
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.scheduler import KilledWorker
 
 from testbed.campaign.model import Campaign
 from testbed.errors import HostError, RunFailure, UserError
+from testbed.run.cluster_security import LOOPBACK, ClusterAccess, check_peer, split_address
 from testbed.run.engines import OnOutcome, OnStart
 from testbed.run.remote import (
     UnitTask,
@@ -55,19 +63,33 @@ WORKER_WAIT_S = 60.0
 
 
 def parse_cluster(spec: str) -> tuple[str, int | str]:
-    """``local:N`` -> ("local", N); ``tcp://HOST:PORT`` -> ("scheduler", address)."""
+    """``local:N`` -> ("local", N); ``tls://HOST:PORT`` -> ("scheduler", address)."""
     if spec.startswith("local:"):
         count = spec.removeprefix("local:")
         if count.isdigit() and int(count) >= 1:
             return "local", int(count)
-    elif spec.startswith(("tcp://", "tls://")) and ":" in spec.split("://", 1)[1]:
-        return "scheduler", spec
+    elif spec.startswith(("tcp://", "tls://")):
+        try:
+            split_address(spec)
+        except UserError:
+            pass
+        else:
+            return "scheduler", spec
     raise UserError(f"cluster: {spec!r} is not allowed; allowed: local:N (N >= 1) or "
-                    "tcp://HOST:PORT of a dask scheduler")
+                    "tls://HOST:PORT (tcp://HOST:PORT) of a dask scheduler")
 
 
 class WorkerLostError(RunFailure):
     """The cluster gave up on a unit (its workers died); its episodes are aborted."""
+
+
+class SchedulerLost(HostError):
+    """The connection to the scheduler broke mid-run (rule 6)."""
+
+    def __init__(self, scheduler: str, reason: str) -> None:
+        super().__init__(f"cluster: lost the scheduler at {scheduler} ({reason})")
+        self.scheduler = scheduler
+        self.reason = reason
 
 
 class DaskEngine:
@@ -84,6 +106,7 @@ class DaskEngine:
         self.allow_mixed_backends = allow_mixed_backends
         self.token = secrets.token_hex(4)
         self.workers: dict[str, Any] = {}
+        self.lost: SchedulerLost | None = None
 
     def describe(self) -> dict[str, Any]:
         return {"engine": "dask", "cluster": self.cluster,
@@ -159,7 +182,9 @@ class DaskEngine:
                 trio.from_thread.run_sync(send.send_nowait, future, trio_token=token)
 
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(trio.to_thread.run_sync, wait_all)
+            # abandoned on cancel: a lost scheduler may never finish every future
+            nursery.start_soon(partial(trio.to_thread.run_sync, wait_all,
+                                       abandon_on_cancel=True))
             for _ in futures:
                 future = await receive.receive()
                 for outcome in await trio.to_thread.run_sync(
@@ -169,6 +194,12 @@ class DaskEngine:
     def _outcomes(self, future: Any, unit: WorkUnit) -> list[EpisodeOutcome]:
         try:
             result: list[EpisodeOutcome] = future.result()
+        except FutureCancelledError as exc:
+            if self.client.status == "running" and "connection-lost" not in str(exc):
+                raise  # cancelled by us (rule 5)
+            self.lost = SchedulerLost(self.client.scheduler.address,
+                                      "its connection broke; dask cancelled the running units")
+            raise self.lost from None
         except KilledWorker as exc:
             reason = f"worker_lost: the cluster gave up on this unit ({exc})"
             return [EpisodeOutcome(key, cell, template, None, reason, 0.0, "", unit.group)
@@ -176,8 +207,13 @@ class DaskEngine:
         return result
 
     def _cancel_all(self) -> None:
-        Event(cancel_event_name(self.token), client=self.client).set()
+        if self.lost is not None or self.client.status != "running":
+            return  # no scheduler to tell; the workers lost it too and stop their units
         deadline = time.monotonic() + CANCEL_WAIT_S
+        try:
+            Event(cancel_event_name(self.token), client=self.client).set()
+        except (OSError, TimeoutError):  # CommClosedError is an OSError
+            return
         while time.monotonic() < deadline:
             try:
                 busy = sum(self.client.run(running_units).values())
@@ -215,24 +251,34 @@ def _register_cleanup(client: Any) -> None:
 @asynccontextmanager
 async def open_dask_engine(cluster: str, *, backend: str | None = None,
                            workdir: Path | None = None, allow_mixed_backends: bool = False,
-                           ) -> AsyncIterator[DaskEngine]:
-    """Start (``local:N``) or join (``tcp://...``) a cluster; close what we started."""
+                           access: ClusterAccess | None = None,
+                           on_warning: Any = None) -> AsyncIterator[DaskEngine]:
+    """Start (``local:N``) or join (``tls://...``) a cluster; close what we started."""
     kind, value = parse_cluster(cluster)
+    access = access or ClusterAccess()
+    if kind == "scheduler":
+        for line in check_peer(str(value), access, what="cluster"):
+            if on_warning is not None:
+                on_warning(line)
     local: Any = None
 
     def connect() -> Any:
         nonlocal local
+        security = access.security()
         if kind == "local":
             with dask.config.set({"distributed.scheduler.allowed-failures": 1}):
                 local = LocalCluster(n_workers=int(value), threads_per_worker=1,
                                      processes=True, resources={"lanes": 1},
-                                     dashboard_address=":0", host="127.0.0.1")
-            return Client(local)
+                                     host=LOOPBACK, dashboard_address=f"{LOOPBACK}:0",
+                                     scheduler_kwargs={"dashboard": False},
+                                     security=security, protocol=access.protocol())
+            return Client(local, security=security)
         try:
-            return Client(str(value), timeout=CONNECT_TIMEOUT_S)
-        except OSError as exc:
+            return Client(str(value), timeout=CONNECT_TIMEOUT_S, security=security)
+        except (OSError, TimeoutError) as exc:
             raise HostError(f"cluster: cannot reach the scheduler at {value} ({exc}); "
-                            "start one with `dask scheduler`") from None
+                            "start one with `testbed scheduler` (with the same TLS "
+                            "certificates' CA)") from None
 
     client = await trio.to_thread.run_sync(connect)
     try:

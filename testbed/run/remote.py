@@ -15,24 +15,38 @@ Rules:
 4. The run's cancel event (a ``distributed.Event``) is polled while the unit runs; when
    it is set the unit's trio scope is cancelled, so its topology and processes are torn
    down by their own ``finally`` blocks.
+5. A worker that is not root runs each shaped unit in a user namespace of its own
+   (``testbed.run.userns_unit``: a child process, stopped with SIGTERM on cancel), and
+   describes itself from inside one (``privilege = "userns"``): what its units can
+   run, not what its unprivileged process can. Loopback units need no namespace and
+   run in the worker's process as with root.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import threading
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import trio
 
+from testbed.campaign.model import Campaign
 from testbed.campaign.parse import campaign_from_config
+from testbed.errors import HostError, RunFailure
 from testbed.host.ledger import open_run_ledger
+from testbed.host.userns import outer_uid, privilege
 from testbed.links.backends import AUTO_ORDER, probe_backend
 from testbed.results.provenance import host_description
 from testbed.run.episode import EpisodeRunner
 from testbed.run.units import EpisodeOutcome, WorkUnit, run_unit, worker_host
+from testbed.run.userns_unit import call_in_user_namespace
+
+Watch = Callable[[trio.CancelScope], Awaitable[None]]
 
 MAX_ATTEMPTS = 2
 """A unit runs at most twice (the first time, and once after its worker was lost)."""
@@ -91,8 +105,20 @@ def off_loop(fn: Any) -> Any:
 
 
 def worker_summary() -> dict[str, Any]:
-    """What this worker can run, for the run's manifest: host, kernel, backends, CC."""
+    """What this worker can run, for the run's manifest: host, kernel, backends, CC,
+    and its privilege (rule 5)."""
+    if os.geteuid() != 0:
+        try:
+            return dict(off_loop(lambda: call_in_user_namespace(
+                "testbed.run.remote:userns_summary", None)))
+        except (HostError, RunFailure, OSError):
+            pass  # no user namespaces here: the plain process's view (loopback only)
     return dict(off_loop(_summary))
+
+
+def userns_summary(_: Any) -> dict[str, Any]:
+    """The summary from inside a user namespace (called in the child, rule 5)."""
+    return _summary()
 
 
 def _summary() -> dict[str, Any]:
@@ -105,7 +131,8 @@ def _summary() -> dict[str, Any]:
         cc = []
     auto = next((name for name in AUTO_ORDER if backends[name]["works"]), None)
     return {"host": system["host"], "kernel": system["kernel"], "cpus": system["cpus"],
-            "euid": os.geteuid(), "backends": backends, "backend_auto": auto,
+            "euid": os.geteuid(), "uid": outer_uid(), "privilege": privilege(),
+            "backends": backends, "backend_auto": auto,
             "congestion_control_available": cc}
 
 
@@ -127,41 +154,75 @@ def _lost(task: UnitTask, unit: WorkUnit, attempt: int) -> list[EpisodeOutcome]:
             for key, (cell, template) in zip(unit.keys, unit.episodes, strict=True)]
 
 
-def run_unit_task(task: UnitTask) -> list[EpisodeOutcome]:
-    """The dask task: run one unit on this worker (rules 1-4)."""
-    global _running
+def _rebuild(task: UnitTask) -> tuple[Campaign, WorkUnit]:
     campaign = campaign_from_config(task.config, source=task.source)
     cells = {cell.id: cell for cell in campaign.cells()}
     episodes = tuple((cells[cell_id], template) for cell_id, template in task.episodes)
-    unit = WorkUnit(episodes[0][0].group_key, episodes)
+    return campaign, WorkUnit(episodes[0][0].group_key, episodes)
+
+
+def run_unit_task(task: UnitTask) -> list[EpisodeOutcome]:
+    """The dask task: run one unit on this worker (rules 1-5)."""
+    global _running
+    campaign, unit = _rebuild(task)
     attempt = _count_attempt(task)
     if attempt > MAX_ATTEMPTS:
         return _lost(task, unit, attempt)
-    outcomes: list[EpisodeOutcome] = []
     with _running_lock:
         _running += 1
     try:
-        # The unit's temporary directories and node processes are recorded in a ledger
-        # of this worker's, so `testbed clean` here removes them if the worker dies.
-        with open_run_ledger(f"unit {task.key}") as ledger:
-            runner = EpisodeRunner(campaign, backend=task.backend, ledger=ledger,
-                                   workdir_root=Path(task.workdir) if task.workdir else None,
-                                   shared_emulator=True)  # a worker's lanes: one emulator
-            trio.run(_run, unit, runner, campaign, outcomes,
-                     cancel_event_name(task.run_token))
+        if os.geteuid() != 0 and not unit.loopback:  # rule 5
+            from distributed import Event, get_client
+
+            event = Event(cancel_event_name(task.run_token), client=get_client())
+            outcomes: list[EpisodeOutcome] = call_in_user_namespace(
+                "testbed.run.remote:run_unit_here", task, cancelled=event.is_set)
+            return outcomes
+        outcomes = []
+        _execute(task, campaign, unit, outcomes,
+                 lambda scope: _watch_cancel(cancel_event_name(task.run_token), scope))
+        return outcomes
     finally:
         with _running_lock:
             _running -= 1
+
+
+def run_unit_here(task: UnitTask) -> list[EpisodeOutcome]:
+    """The unit in this process, SIGTERM stopping it: a user-namespace child (rule 5)."""
+    campaign, unit = _rebuild(task)
+    outcomes: list[EpisodeOutcome] = []
+    # SIGTERM while a topology is open: it tears itself down and raises
+    # KeyboardInterrupt (testbed.net.signals); the outcomes so far still go back
+    with contextlib.suppress(KeyboardInterrupt):
+        _execute(task, campaign, unit, outcomes, _watch_sigterm)
     return outcomes
 
 
+def _execute(task: UnitTask, campaign: Campaign, unit: WorkUnit,
+             outcomes: list[EpisodeOutcome], watch: Watch) -> None:
+    # The unit's temporary directories and node processes are recorded in a ledger
+    # of this worker's, so `testbed clean` here removes them if the worker dies.
+    with open_run_ledger(f"unit {task.key}") as ledger:
+        runner = EpisodeRunner(campaign, backend=task.backend, ledger=ledger,
+                               workdir_root=Path(task.workdir) if task.workdir else None,
+                               shared_emulator=True)  # a worker's lanes: one emulator
+        trio.run(_run, unit, runner, campaign, outcomes, watch)
+
+
 async def _run(unit: WorkUnit, runner: EpisodeRunner, campaign: Any,
-               outcomes: list[EpisodeOutcome], cancel_name: str) -> None:
+               outcomes: list[EpisodeOutcome], watch: Watch) -> None:
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_watch_cancel, cancel_name, nursery.cancel_scope)
+        nursery.start_soon(watch, nursery.cancel_scope)
         await run_unit(unit, runner, campaign, on_start=lambda key: None,
                        on_outcome=outcomes.append)
         nursery.cancel_scope.cancel()
+
+
+async def _watch_sigterm(scope: trio.CancelScope) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM) as signals:
+        async for _ in signals:
+            scope.cancel()
+            return
 
 
 async def _watch_cancel(name: str, scope: trio.CancelScope) -> None:
