@@ -62,6 +62,14 @@ def _memory(text: str) -> str:
     return text
 
 
+def _protocol(text: str) -> str:
+    """dask's --protocol: tcp or tls, also written tls:// (as dask-jobqueue does)."""
+    name = text.removesuffix("://")
+    if name not in ("tcp", "tls"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; allowed: tcp, tls")
+    return name
+
+
 def _resources(text: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for item in text.replace(",", " ").split():
@@ -143,7 +151,7 @@ def _worker_parser(sub: Any) -> None:
                    help="address to listen on (default 127.0.0.1: give this host's "
                         "address when the scheduler is elsewhere)")
     p.add_argument("--interface", metavar="NAME", help="listen on this interface's address")
-    p.add_argument("--protocol", choices=("tcp", "tls"),
+    p.add_argument("--protocol", type=_protocol, metavar="tcp|tls",
                    help="protocol to listen with (default: tls with certificates)")
     p.add_argument("--nanny", action=argparse.BooleanOptionalAction, default=True,
                    help="run each worker under a nanny that restarts it (default on)")

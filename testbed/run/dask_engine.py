@@ -23,14 +23,19 @@ Rules (the engine side; the worker side is ``testbed.run.remote``):
 6. Losing the scheduler (its futures cancelled under us) raises :class:`SchedulerLost`
    once, with no traceback: what finished is committed, the run directory is
    consistent, and ``testbed run`` says how to ``--resume``.
+7. Every unit a lost worker took with it is said in one line (``say``) and recorded in
+   the engine's description (``recoveries``), which the manifest's session keeps
+   (``testbed.run.recovery``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
 import secrets
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
@@ -47,6 +52,8 @@ from testbed.campaign.model import Campaign
 from testbed.errors import HostError, RunFailure, UserError
 from testbed.run.cluster_security import LOOPBACK, ClusterAccess, check_peer, split_address
 from testbed.run.engines import OnOutcome, OnStart
+from testbed.run.recovery import TOPIC as RECOVERY_TOPIC
+from testbed.run.recovery import RecoveryLog
 from testbed.run.remote import (
     UnitTask,
     cancel_event_name,
@@ -98,7 +105,8 @@ class DaskEngine:
     per_template = True
 
     def __init__(self, client: Any, *, cluster: str, backend: str | None,
-                 workdir: Path | None, allow_mixed_backends: bool = False) -> None:
+                 workdir: Path | None, allow_mixed_backends: bool = False,
+                 say: Callable[[str], None] = lambda line: None) -> None:
         self.client = client
         self.cluster = cluster
         self.backend = backend
@@ -106,12 +114,16 @@ class DaskEngine:
         self.allow_mixed_backends = allow_mixed_backends
         self.token = secrets.token_hex(4)
         self.workers: dict[str, Any] = {}
+        self.scheduler_address = str(client.scheduler.address)
         self.lost: SchedulerLost | None = None
+        self.recovery = RecoveryLog(self.token, say)
+        self.say = say
 
     def describe(self) -> dict[str, Any]:
         return {"engine": "dask", "cluster": self.cluster,
-                "scheduler": self.client.scheduler.address, "workers": self.workers,
-                "allow_mixed_backends": self.allow_mixed_backends}
+                "scheduler": self.scheduler_address, "workers": self.workers,
+                "allow_mixed_backends": self.allow_mixed_backends,
+                "recovery": self.recovery.summary(), "recoveries": self.recovery.records}
 
     async def survey(self, campaign: Campaign) -> None:
         """Collect every worker's summary and refuse a mix of backends (rule 2)."""
@@ -155,6 +167,9 @@ class DaskEngine:
                           self.backend, str(self.workdir) if self.workdir else None)
                  for i, unit in enumerate(units)]
         paired = list(zip(units, tasks, strict=True))
+        self.recovery.watch(units, self.workers)  # rule 7
+        await trio.to_thread.run_sync(self.client.subscribe_topic, RECOVERY_TOPIC,
+                                      self.recovery.on_event)
         try:
             for unit, task in [p for p in paired if p[0].loopback]:
                 await self._batch([(unit, task)], on_start, on_outcome)
@@ -162,6 +177,10 @@ class DaskEngine:
         finally:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(self._cancel_all)
+                await trio.to_thread.run_sync(self._catch_up)
+            line = self.recovery.summary_line()
+            if line is not None:
+                self.say(line)
 
     async def _batch(self, batch: Sequence[tuple[WorkUnit, UnitTask]], on_start: OnStart,
                      on_outcome: OnOutcome) -> None:
@@ -181,15 +200,20 @@ class DaskEngine:
             for future in as_completed(futures):
                 trio.from_thread.run_sync(send.send_nowait, future, trio_token=token)
 
-        async with trio.open_nursery() as nursery:
-            # abandoned on cancel: a lost scheduler may never finish every future
-            nursery.start_soon(partial(trio.to_thread.run_sync, wait_all,
-                                       abandon_on_cancel=True))
-            for _ in futures:
-                future = await receive.receive()
-                for outcome in await trio.to_thread.run_sync(
-                        self._outcomes, future, by_key[future.key]):
-                    on_outcome(outcome)
+        try:
+            async with trio.open_nursery() as nursery:
+                # abandoned on cancel: a lost scheduler may never finish every future
+                nursery.start_soon(partial(trio.to_thread.run_sync, wait_all,
+                                           abandon_on_cancel=True))
+                for _ in futures:
+                    future = await receive.receive()
+                    for outcome in await trio.to_thread.run_sync(
+                            self._outcomes, future, by_key[future.key]):
+                        on_outcome(outcome)
+        except BaseExceptionGroup:
+            if self.lost is not None:  # one error, not a group of its consequences
+                raise self.lost from None
+            raise
 
     def _outcomes(self, future: Any, unit: WorkUnit) -> list[EpisodeOutcome]:
         try:
@@ -205,6 +229,15 @@ class DaskEngine:
             return [EpisodeOutcome(key, cell, template, None, reason, 0.0, "", unit.group)
                     for key, (cell, template) in zip(unit.keys, unit.episodes, strict=True)]
         return result
+
+    def _catch_up(self) -> None:
+        if self.lost is not None or self.client.status != "running":
+            return
+        try:
+            self.client.unsubscribe_topic(RECOVERY_TOPIC)
+            self.recovery.catch_up(self.client.get_events(RECOVERY_TOPIC))
+        except (OSError, TimeoutError):
+            pass  # the scheduler went away at the end: what arrived is recorded
 
     def _cancel_all(self) -> None:
         if self.lost is not None or self.client.status != "running":
@@ -244,6 +277,17 @@ class CleanDeadRuns(WorkerPlugin):  # type: ignore[misc]
         off_loop(_clean_dead_runs)
 
 
+@contextlib.contextmanager
+def _silenced(name: str) -> Iterator[None]:
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def _register_cleanup(client: Any) -> None:
     client.register_plugin(CleanDeadRuns(), name=CleanDeadRuns.name)
 
@@ -252,14 +296,15 @@ def _register_cleanup(client: Any) -> None:
 async def open_dask_engine(cluster: str, *, backend: str | None = None,
                            workdir: Path | None = None, allow_mixed_backends: bool = False,
                            access: ClusterAccess | None = None,
-                           on_warning: Any = None) -> AsyncIterator[DaskEngine]:
+                           say: Callable[[str], None] | None = None,
+                           ) -> AsyncIterator[DaskEngine]:
     """Start (``local:N``) or join (``tls://...``) a cluster; close what we started."""
     kind, value = parse_cluster(cluster)
     access = access or ClusterAccess()
     if kind == "scheduler":
         for line in check_peer(str(value), access, what="cluster"):
-            if on_warning is not None:
-                on_warning(line)
+            if say is not None:
+                say(line)
     local: Any = None
 
     def connect() -> Any:
@@ -281,14 +326,22 @@ async def open_dask_engine(cluster: str, *, backend: str | None = None,
                             "certificates' CA)") from None
 
     client = await trio.to_thread.run_sync(connect)
+    engine: DaskEngine | None = None
     try:
         await trio.to_thread.run_sync(_register_cleanup, client)
-        yield DaskEngine(client, cluster=cluster, backend=backend, workdir=workdir,
-                         allow_mixed_backends=allow_mixed_backends)
+        engine = DaskEngine(client, cluster=cluster, backend=backend, workdir=workdir,
+                            allow_mixed_backends=allow_mixed_backends,
+                            say=say or (lambda line: None))
+        yield engine
     finally:
         with trio.CancelScope(shield=True):
             def close() -> None:
-                client.close()
+                # closing a client that lost its scheduler cancels its reconnect loop,
+                # which dask logs as an error with a traceback: the run says it in one
+                # line instead (rule 6)
+                quiet = engine is not None and engine.lost is not None
+                with _silenced("distributed.client") if quiet else contextlib.nullcontext():
+                    client.close()
                 if local is not None:
                     local.close()
 
