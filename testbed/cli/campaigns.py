@@ -79,7 +79,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         async with open_dask_engine(cluster, backend=args.backend, workdir=workdir,
                                     allow_mixed_backends=mixed, access=access,
-                                    on_warning=lambda line: out_console.print(
+                                    say=lambda line: out_console.print(
                                         line, markup=False)) as engine:
             await engine.survey(campaign)
             await run_campaign(campaign, out, resume=args.resume, extend=args.extend,

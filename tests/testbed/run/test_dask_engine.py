@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import signal
 import socket
@@ -116,7 +117,9 @@ async def test_a_killed_worker_loses_and_duplicates_nothing(tmp_path: Path) -> N
     campaign = parse_campaign(SLOW)
     out = tmp_path / "out"
     before = run_objects()
-    async with open_dask_engine("local:2") as engine:
+    lines: list[str] = []
+    killed: list[str] = []
+    async with open_dask_engine("local:2", say=lines.append) as engine:
         await engine.survey(campaign)
         client = engine.client
         async with trio.open_nursery() as nursery:
@@ -125,10 +128,28 @@ async def test_a_killed_worker_loses_and_duplicates_nothing(tmp_path: Path) -> N
                 await trio.sleep(1.0)  # mid-unit: its topology is up, episodes running
                 pids = await trio.to_thread.run_sync(
                     lambda: client.run(os.getpid, workers=[address]))
+                killed.append(address)
                 os.kill(int(pids[address]), signal.SIGKILL)
 
             nursery.start_soon(kill_one)
             await run_campaign(campaign, out, resume=False, console=_quiet(), engine=engine)
+    # the loss is said in one line and recorded in the manifest (attempt, worker, reason)
+    [address] = killed
+    lost = [line for line in lines if f"lost with worker {address}" in line]
+    assert len(lost) == 1, lines
+    assert "attempt 1: the worker died or its connection broke; it runs again (attempt 2 of 2)" \
+        in lost[0]
+    assert any(line.startswith("cluster: 1 unit attempt(s) lost with their workers: "
+                               "1 resubmitted, 0 given up") for line in lines), lines
+    execution = json.loads((out / "manifest.json").read_text())["sessions"][-1]["execution"]
+    assert execution["recovery"] == {"lost": 1, "resubmitted": 1, "given_up": 0}
+    [record] = execution["recoveries"]
+    assert record["worker"] == address
+    assert record["attempt"] == 1
+    assert record["then"] == "resubmitted"
+    assert record["reason"] == "the worker died or its connection broke"
+    assert record["episodes"]
+    assert set(record["episodes"]) <= {episode_key(c, t) for c, t in campaign.episodes()}
     episodes = pd.read_parquet(out / "episodes.parquet")
     keys = sorted(episode_key(c, t) for c, t in campaign.episodes())
     assert sorted(episodes["episode"]) == keys  # none lost, none duplicated
