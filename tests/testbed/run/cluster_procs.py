@@ -34,8 +34,9 @@ class Procs:
 
     def start(self, name: str, argv: Sequence[str], **kwargs: object) -> subprocess.Popen[bytes]:
         log = self._stack.enter_context(self.log_path(name).open("ab"))
+        options: dict[str, object] = {"cwd": self.directory, **kwargs}
         proc = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT,
-                                cwd=self.directory, **kwargs)  # type: ignore[call-overload]
+                                **options)  # type: ignore[call-overload]
         self.procs[name] = proc
         return proc
 

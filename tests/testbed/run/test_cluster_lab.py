@@ -6,13 +6,17 @@ workers started from dask-jobqueue's own Slurm job scripts."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
+import shutil
 import signal
 import socket
 import ssl
 import subprocess
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -337,3 +341,77 @@ def test_a_worker_refuses_a_remote_scheduler_it_could_not_be_reached_from() -> N
         options.check()
     assert WorkerOptions("tls://10.0.0.1:8786", listen="10.0.0.2",
                          access=ClusterAccess("ca", "c", "k")).check() == []
+
+
+# ------------------------------------------------------------- a worker without root
+
+_ROOTLESS_TOML = ('name = "lab-rootless"\nseed = 6\ntemplates = 1\n[options]\n'
+                  'episode_timeout_s = 120\n[grid]\npolicy = ["planfence"]\n'
+                  'network = ["fixed"]\nagents = [2]\nkeys = [4]\nunits = [8]\n'
+                  'connection = ["reuse"]\n')
+_TUN_0666 = ("mount -t tmpfs -o mode=0755 tmpfs /dev/net && mknod -m 0666 /dev/net/tun c 10 200 "
+             "&& exec setpriv --reuid=65534 --regid=65534 --clear-groups \"$@\"")
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A scratch directory uid 65534 can reach (pytest's tmp_path is 0700)."""
+    path = Path(tempfile.mkdtemp(prefix="tb-lab-rootless-"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.slow
+@pytest.mark.privileged
+def test_a_worker_without_root_runs_a_shaped_unit_in_a_user_namespace(
+        shared_dir: Path) -> None:
+    """`testbed worker` as uid 65534 on a host where users may create user namespaces
+    and open /dev/net/tun: here a private mount namespace gives the worker a 0666 TUN
+    node (this host's own is 0600), and a venv on /usr/bin/python3 with this checkout's
+    packages (the checkout's interpreter lives under /root). The client is root; the
+    unit's topology runs in a user namespace of the worker's."""
+    _root(tun=True)
+    world = shutil.which("python3.11", path="/usr/bin:/usr/local/bin")
+    if not all(shutil.which(t) for t in ("unshare", "mknod", "setpriv", "mount")) or not world:
+        pytest.skip("needs unshare, mknod, setpriv, mount and a /usr/bin/python3.11")
+    if int(Path("/proc/sys/user/max_user_namespaces").read_text()) == 0:
+        pytest.skip("no unprivileged user namespaces here")
+    venv = shared_dir / "venv"
+    subprocess.run([world, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    ours = next((BIN.parent / "lib").glob("python3*/site-packages"))
+    (site / "checkout.pth").write_text(f"import site; site.addsitedir({str(ours)!r})\n")
+    home = shared_dir / "home"
+    home.mkdir()
+    os.chown(home, 65534, 65534)
+    port = free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    campaign = shared_dir / "c.toml"
+    campaign.write_text(_ROOTLESS_TOML)
+    with processes(shared_dir) as procs:
+        procs.start("scheduler", [str(BIN / "testbed"), "scheduler", "--port", str(port)])
+        procs.wait_for_log("scheduler", "listening at")
+        procs.start("worker", [
+            "unshare", "--mount", "--propagation", "private", "sh", "-c", _TUN_0666, "sh",
+            "env", "-i", "PATH=/usr/bin:/bin", f"HOME={home}", "LANG=C.UTF-8",
+            str(venv / "bin" / "python"), "-m", "testbed", "worker", address, "--lanes", "1"],
+            cwd=home)
+        procs.wait_for_log("worker", "worker: serving")
+        assert "backend auto -> rootless (a user namespace per unit)" in procs.log("worker")
+        run = subprocess.run([str(BIN / "testbed"), "run", str(campaign), "--out", "out",
+                              "--cluster", address], cwd=shared_dir, capture_output=True,
+                             text=True, timeout=600, check=False)
+        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    out = shared_dir / "out"
+    manifest = json.loads((out / "manifest.json").read_text())
+    [summary] = manifest["execution"]["workers"].values()
+    assert summary["privilege"] == "userns"
+    assert summary["uid"] == 65534
+    episodes = pd.read_parquet(out / "episodes.parquet")
+    assert len(episodes) == 1
+    assert not episodes["aborted"].any(), episodes["abort_reason"].tolist()
+    group = next(iter(manifest["groups"].values()))
+    assert group["privilege"] == "userns"
