@@ -13,8 +13,8 @@ Rules:
   (start-up, per-unit overhead, bytes between hosts, the controller's and scheduler's
   CPU per episode) and whether fidelity holds, not how W real machines scale.
 - The same campaign (a ``fixed`` network, two policies, one unit per template) runs
-  first locally (L lanes in this process, as `testbed bench lanes` runs them) and then
-  on W = 1,
+  first locally (L lanes in this process, as `testbed bench lanes` runs them, cut into
+  the same units as on a cluster: a topology per template) and then on W = 1,
   2, 4 workers. For each run: wall time of the `testbed run` process (its start-up and
   the workers' survey included), episodes per hour, per-unit overhead against the
   local run, controller CPU per episode (its own rusage), scheduler CPU per unit,
@@ -46,6 +46,7 @@ from rich.console import Console
 from testbed.campaign.parse import parse_campaign
 from testbed.errors import RunFailure
 from testbed.host.ledger import Ledger, scratch_ledger
+from testbed.run.engines import LocalEngine
 from testbed.run.episode import EpisodeRunner
 from testbed.run.loop import run_campaign
 from testbed.tools.certs import make_certs
@@ -124,9 +125,11 @@ async def _local_run(raw: dict[str, Any], out: Path, lanes: int) -> float:
     """The campaign in this process with ``lanes`` local lanes (as `testbed bench lanes`
     runs it: outside the host's lane coordination); its wall seconds."""
     campaign = parse_campaign(raw, source="bench cluster")
+    engine = LocalEngine(EpisodeRunner(campaign, shared_emulator=True), jobs=lanes)
+    engine.per_template = True  # the cluster's units: a topology per (group, template)
     t0 = time.monotonic()
     await run_campaign(campaign, out, resume=False, console=Console(file=io.StringIO()),
-                       jobs=lanes, runner=EpisodeRunner(campaign, shared_emulator=True))
+                       engine=engine)
     return time.monotonic() - t0
 
 
