@@ -15,7 +15,11 @@ Rules:
 4. The run's cancel event (a ``distributed.Event``) is polled while the unit runs; when
    it is set the unit's trio scope is cancelled, so its topology and processes are torn
    down by their own ``finally`` blocks.
-5. A worker that is not root runs each shaped unit in a user namespace of its own
+5. A unit's failures come back with its outcomes (:class:`UnitReport`), never as the
+   task's exception: ``run_unit`` contains its own (``testbed.run.failures``), and an
+   error around it (the worker's ledger cannot be torn down) is reported the same way,
+   with every episode that has no outcome yet aborted.
+6. A worker that is not root runs each shaped unit in a user namespace of its own
    (``testbed.run.userns_unit``: a child process, stopped with SIGTERM on cancel), and
    describes itself from inside one (``privilege = "userns"``): what its units can
    run, not what its unprivileged process can. Loopback units need no namespace and
@@ -43,6 +47,7 @@ from testbed.host.userns import outer_uid, privilege
 from testbed.links.backends import AUTO_ORDER, probe_backend
 from testbed.results.provenance import host_description
 from testbed.run.episode import EpisodeRunner
+from testbed.run.failures import UnitFailure, failure_reason, format_trace, unit_reason
 from testbed.run.units import EpisodeOutcome, WorkUnit, run_unit, worker_host
 from testbed.run.userns_unit import call_in_user_namespace
 
@@ -154,6 +159,14 @@ def _lost(task: UnitTask, unit: WorkUnit, attempt: int) -> list[EpisodeOutcome]:
             for key, (cell, template) in zip(unit.keys, unit.episodes, strict=True)]
 
 
+@dataclass(frozen=True)
+class UnitReport:
+    """What a worker returns for one unit: its outcomes and its failures (rule 5)."""
+
+    outcomes: list[EpisodeOutcome]
+    failures: list[UnitFailure]
+
+
 def _rebuild(task: UnitTask) -> tuple[Campaign, WorkUnit]:
     campaign = campaign_from_config(task.config, source=task.source)
     cells = {cell.id: cell for cell in campaign.cells()}
@@ -161,60 +174,75 @@ def _rebuild(task: UnitTask) -> tuple[Campaign, WorkUnit]:
     return campaign, WorkUnit(episodes[0][0].group_key, episodes)
 
 
-def run_unit_task(task: UnitTask) -> list[EpisodeOutcome]:
-    """The dask task: run one unit on this worker (rules 1-5)."""
+def run_unit_task(task: UnitTask) -> UnitReport:
+    """The dask task: run one unit on this worker (rules 1-6)."""
     global _running
     campaign, unit = _rebuild(task)
     attempt = _count_attempt(task)
     if attempt > MAX_ATTEMPTS:
-        return _lost(task, unit, attempt)
+        return UnitReport(_lost(task, unit, attempt), [])
     with _running_lock:
         _running += 1
     try:
-        if os.geteuid() != 0 and not unit.loopback:  # rule 5
+        if os.geteuid() != 0 and not unit.loopback:  # rule 6
             from distributed import Event, get_client
 
             event = Event(cancel_event_name(task.run_token), client=get_client())
-            outcomes: list[EpisodeOutcome] = call_in_user_namespace(
+            answer: UnitReport = call_in_user_namespace(
                 "testbed.run.remote:run_unit_here", task, cancelled=event.is_set)
-            return outcomes
-        outcomes = []
-        _execute(task, campaign, unit, outcomes,
+            return answer
+        report = UnitReport([], [])
+        _execute(task, campaign, unit, report,
                  lambda scope: _watch_cancel(cancel_event_name(task.run_token), scope))
-        return outcomes
+        return report
     finally:
         with _running_lock:
             _running -= 1
 
 
-def run_unit_here(task: UnitTask) -> list[EpisodeOutcome]:
-    """The unit in this process, SIGTERM stopping it: a user-namespace child (rule 5)."""
+def run_unit_here(task: UnitTask) -> UnitReport:
+    """The unit in this process, SIGTERM stopping it: a user-namespace child (rule 6)."""
     campaign, unit = _rebuild(task)
-    outcomes: list[EpisodeOutcome] = []
+    report = UnitReport([], [])
     # SIGTERM while a topology is open: it tears itself down and raises
     # KeyboardInterrupt (testbed.net.signals); the outcomes so far still go back
     with contextlib.suppress(KeyboardInterrupt):
-        _execute(task, campaign, unit, outcomes, _watch_sigterm)
-    return outcomes
+        _execute(task, campaign, unit, report, _watch_sigterm)
+    return report
 
 
-def _execute(task: UnitTask, campaign: Campaign, unit: WorkUnit,
-             outcomes: list[EpisodeOutcome], watch: Watch) -> None:
-    # The unit's temporary directories and node processes are recorded in a ledger
-    # of this worker's, so `testbed clean` here removes them if the worker dies.
-    with open_run_ledger(f"unit {task.key}") as ledger:
-        runner = EpisodeRunner(campaign, backend=task.backend, ledger=ledger,
-                               workdir_root=Path(task.workdir) if task.workdir else None,
-                               shared_emulator=True)  # a worker's lanes: one emulator
-        trio.run(_run, unit, runner, campaign, outcomes, watch)
+def _execute(task: UnitTask, campaign: Campaign, unit: WorkUnit, report: UnitReport,
+             watch: Watch) -> None:
+    stage = "run"
+    try:
+        # The unit's temporary directories and node processes are recorded in a ledger
+        # of this worker's, so `testbed clean` here removes them if the worker dies.
+        with open_run_ledger(f"unit {task.key}") as ledger:
+            runner = EpisodeRunner(campaign, backend=task.backend, ledger=ledger,
+                                   workdir_root=Path(task.workdir) if task.workdir else None,
+                                   shared_emulator=True)  # a worker's lanes: one emulator
+            trio.run(_run, unit, runner, campaign, report, watch)
+            stage = "teardown"
+    except Exception as exc:  # rule 5: around run_unit, e.g. the ledger's own teardown
+        reason = failure_reason(exc)
+        done = {o.key for o in report.outcomes}
+        lost = [EpisodeOutcome(key, cell, template, None, unit_reason(stage, reason), 0.0,
+                               "", unit.group, {}, worker_host())
+                for key, (cell, template) in zip(unit.keys, unit.episodes, strict=True)
+                if key not in done]
+        report.outcomes.extend(lost)
+        report.failures.append(UnitFailure(unit.group.id, stage, reason,
+                                           tuple(o.key for o in lost), 1, worker_host(),
+                                           format_trace(exc)))
 
 
 async def _run(unit: WorkUnit, runner: EpisodeRunner, campaign: Any,
-               outcomes: list[EpisodeOutcome], watch: Watch) -> None:
+               report: UnitReport, watch: Watch) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(watch, nursery.cancel_scope)
         await run_unit(unit, runner, campaign, on_start=lambda key: None,
-                       on_outcome=outcomes.append)
+                       on_outcome=report.outcomes.append,
+                       on_failure=report.failures.append)
         nursery.cancel_scope.cancel()
 
 
