@@ -56,8 +56,8 @@ from testbed.errors import HostError, RunFailure, UserError
 from testbed.run.cluster_security import LOOPBACK, ClusterAccess, check_peer, split_address
 from testbed.run.engines import OnFailure, OnOutcome, OnStart
 from testbed.run.failures import UnitFailure, failure_reason, format_trace, unit_reason
+from testbed.run.recovery import STARTED_TOPIC, RecoveryLog
 from testbed.run.recovery import TOPIC as RECOVERY_TOPIC
-from testbed.run.recovery import RecoveryLog
 from testbed.run.remote import (
     UnitReport,
     UnitTask,
@@ -174,6 +174,8 @@ class DaskEngine:
                  for i, unit in enumerate(units)]
         paired = list(zip(units, tasks, strict=True))
         self.recovery.watch(units, self.workers)  # rule 7
+        await trio.to_thread.run_sync(self.client.subscribe_topic, STARTED_TOPIC,
+                                      self.recovery.on_started)
         await trio.to_thread.run_sync(self.client.subscribe_topic, RECOVERY_TOPIC,
                                       self.recovery.on_event)
         try:
@@ -250,8 +252,10 @@ class DaskEngine:
         if self.lost is not None or self.client.status != "running":
             return
         try:
+            self.client.unsubscribe_topic(STARTED_TOPIC)
             self.client.unsubscribe_topic(RECOVERY_TOPIC)
-            self.recovery.catch_up(self.client.get_events(RECOVERY_TOPIC))
+            self.recovery.catch_up(self.client.get_events(STARTED_TOPIC),
+                                   self.client.get_events(RECOVERY_TOPIC))
         except (OSError, TimeoutError):
             pass  # the scheduler went away at the end: what arrived is recorded
 

@@ -3,17 +3,20 @@ and recorded in the run's manifest.
 
 Rules:
 
-1. The dask engine listens to the scheduler's ``all`` events. A ``remove-worker`` event
-   whose processing tasks include units of this run (their keys carry the run's token)
-   is a loss: one record per unit with the unit's index and episodes, the attempt that
-   was lost, the worker's address and host, and the reason (the worker died or its
-   connection broke, or it closed: its nanny, an operator, ``--lifetime``).
+1. The dask engine listens to the scheduler's ``all`` events and to the units' starts
+   (``testbed.run.remote.STARTED_TOPIC``: unit, attempt, worker). A ``remove-worker``
+   event whose processing tasks include a unit of this run that last started on that
+   worker is a loss (a unit only queued there was not running: the scheduler just
+   sends it elsewhere): one record per unit with the unit's index and episodes, the
+   attempt that was lost, the worker's address and host, and the reason (the worker
+   died or its connection broke, or it closed: its nanny, an operator, ``--lifetime``).
 2. Each record is printed at once in one line that also says what happens next: the
    unit runs again (attempt n+1 of ``MAX_ATTEMPTS``), or it is given up and its
    episodes are recorded as aborted (``worker_lost``), as the workers enforce
    (``testbed.run.remote`` rule 3).
-3. At the end of the engine's run the scheduler's event log is read once more, so a loss
-   whose event arrived late is recorded too (records are unique per worker and unit);
+3. At the end of the engine's run the scheduler's event logs are read once more (starts
+   first), so a loss whose events arrived late is recorded too (records are unique per
+   worker and unit);
    the engine's description in the manifest then holds the records
    (``sessions[-1].execution.recoveries``) and a line counts them.
 4. Handlers run on the dask client's event-loop thread; the records are kept under a
@@ -28,10 +31,11 @@ from typing import Any
 
 from testbed.errors import UserError
 from testbed.run.cluster_security import split_address
-from testbed.run.remote import MAX_ATTEMPTS
+from testbed.run.remote import MAX_ATTEMPTS, STARTED_TOPIC
 from testbed.run.units import WorkUnit
 
 TOPIC = "all"
+__all__ = ["STARTED_TOPIC", "TOPIC", "RecoveryLog"]
 
 
 class RecoveryLog:
@@ -44,7 +48,7 @@ class RecoveryLog:
         self.units: dict[int, WorkUnit] = {}
         self.hosts: dict[str, str] = {}
         self._seen: set[tuple[str, int]] = set()
-        self._losses: dict[int, int] = {}
+        self._started: dict[int, tuple[str, int]] = {}  # unit -> (worker, attempt)
         self._lock = threading.Lock()
 
     def watch(self, units: Sequence[WorkUnit], hosts: Mapping[str, Any]) -> None:
@@ -52,6 +56,19 @@ class RecoveryLog:
         self.units = dict(enumerate(units))
         self.hosts = {address: str(summary.get("host", ""))
                       for address, summary in hosts.items()}
+
+    def on_started(self, event: tuple[float, Any]) -> None:
+        """A unit's start (``Client.subscribe_topic`` handler for STARTED_TOPIC)."""
+        _, message = event
+        if not isinstance(message, dict):
+            return
+        index = self._index(message.get("key"))
+        if index is None:
+            return
+        worker, attempt = str(message.get("worker", "")), int(message.get("attempt", 0))
+        with self._lock:
+            if attempt >= self._started.get(index, ("", 0))[1]:
+                self._started[index] = (worker, attempt)
 
     def on_event(self, event: tuple[float, Any]) -> None:
         """A scheduler event (``Client.subscribe_topic`` handler, rule 1)."""
@@ -65,8 +82,11 @@ class RecoveryLog:
             if index is not None:
                 self._record(worker, index, expected)
 
-    def catch_up(self, events: Sequence[tuple[float, Any]]) -> None:
-        """The scheduler's event log at the end of a run (rule 3)."""
+    def catch_up(self, started: Sequence[tuple[float, Any]],
+                 events: Sequence[tuple[float, Any]]) -> None:
+        """The scheduler's event logs at the end of a run (rule 3)."""
+        for event in started:
+            self.on_started(event)
         for event in events:
             self.on_event(event)
 
@@ -79,11 +99,10 @@ class RecoveryLog:
 
     def _record(self, worker: str, index: int, expected: bool) -> None:
         with self._lock:
-            if (worker, index) in self._seen:
-                return
+            ran_on, attempt = self._started.get(index, ("", 0))
+            if ran_on != worker or (worker, index) in self._seen:
+                return  # only queued there (rule 1), or recorded already
             self._seen.add((worker, index))
-            attempt = self._losses.get(index, 0) + 1
-            self._losses[index] = attempt
             unit = self.units.get(index)
             keys = list(unit.keys) if unit is not None else []
             host = self.hosts.get(worker) or _address_host(worker)

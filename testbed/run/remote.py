@@ -56,6 +56,7 @@ Watch = Callable[[trio.CancelScope], Awaitable[None]]
 MAX_ATTEMPTS = 2
 """A unit runs at most twice (the first time, and once after its worker was lost)."""
 WORKER_LOST = "worker_lost"
+STARTED_TOPIC = "testbed-unit-started"
 CANCEL_POLL_S = 0.5
 
 _running = 0
@@ -142,12 +143,18 @@ def _summary() -> dict[str, Any]:
 
 
 def _count_attempt(task: UnitTask) -> int:
-    from distributed import Lock, get_client
+    """This start's attempt number (rule 3), also published on ``STARTED_TOPIC`` with
+    this worker's address (the client tells a lost attempt from a unit that was only
+    queued on a lost worker by it, testbed.run.recovery)."""
+    from distributed import Lock, get_client, get_worker
 
     client = get_client()
     with Lock(f"{task.key}-lock"):
         seen = int(client.get_metadata([task.key, "attempts"], default=0))
         client.set_metadata([task.key, "attempts"], seen + 1)
+    worker = get_worker()
+    worker.log_event(STARTED_TOPIC, {"key": task.key, "attempt": seen + 1,
+                                     "worker": worker.address})
     return seen + 1
 
 

@@ -22,7 +22,8 @@ Rules:
   dies. When the scheduler goes away the nanny ends (dask workers do not reconnect);
   this command then starts a fresh one, which waits for a scheduler at the same address
   for up to ``--death-timeout`` (dask's own bound) and exits in one line if none comes.
-  A scheduler that is still there but closed this worker ends it too.
+  The same scheduler process still there (its id unchanged) means it closed this
+  worker on purpose, which ends it too; a restarted one (a new id) is joined.
 - SIGINT and SIGTERM close the nannies, which stop their workers; units they were
   running are resubmitted by the scheduler (testbed.run.dask_engine rule 3).
 """
@@ -130,16 +131,25 @@ def check_host(*, loopback_only: bool, console: Console) -> str | None:
     return choice
 
 
-async def _scheduler_alive(options: WorkerOptions) -> bool:
+async def _scheduler_id(options: WorkerOptions) -> str | None:
+    """The id of the scheduler answering at the address now (each scheduler process has
+    its own), or None if none answers."""
     from distributed.comm import connect
+    from distributed.core import send_recv
 
     try:
         comm = await connect(options.scheduler, timeout=PROBE_TIMEOUT_S,
                              **options.access.security().get_connection_args("worker"))
     except (OSError, TimeoutError):
-        return False
-    await comm.close()
-    return True
+        return None
+    try:
+        answer = await asyncio.wait_for(send_recv(comm, op="identity", n_workers=0),
+                                        PROBE_TIMEOUT_S)
+    except (OSError, TimeoutError):
+        return None
+    finally:
+        await comm.close()
+    return str(answer.get("id")) if isinstance(answer, dict) else None
 
 
 async def serve_worker(options: WorkerOptions, say: Callable[[str], None] = print) -> int:
@@ -170,6 +180,7 @@ async def serve_worker(options: WorkerOptions, say: Callable[[str], None] = prin
                                 "start it, or raise --death-timeout") from None
             say(f"worker: serving {options.scheduler} ({options.nworkers} process(es), "
                 f"{options.lanes} lane(s) each)")
+            serving = await _scheduler_id(options)
             finished = asyncio.ensure_future(asyncio.gather(*(s.finished() for s in servers)))
             await asyncio.wait({finished, stopping}, return_when=asyncio.FIRST_COMPLETED)
             if stop.is_set():
@@ -177,7 +188,7 @@ async def serve_worker(options: WorkerOptions, say: Callable[[str], None] = prin
         finally:
             stopping.cancel()
             await asyncio.gather(*(s.close() for s in servers), return_exceptions=True)
-        if await _scheduler_alive(options):
+        if serving is not None and await _scheduler_id(options) == serving:
             say(f"worker: the scheduler at {options.scheduler} closed this worker")
             return 0
         bound = ("no limit" if options.death_timeout_s is None

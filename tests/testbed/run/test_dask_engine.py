@@ -256,3 +256,26 @@ def test_the_cli_against_a_scheduler_started_by_hand(tmp_path: Path,
     episodes = pd.read_parquet(tmp_path / "out" / "episodes.parquet")
     assert len(episodes) == 8
     assert not episodes["aborted"].any()
+
+
+def test_a_unit_only_queued_on_a_lost_worker_is_not_a_lost_attempt() -> None:
+    from testbed.run.recovery import RecoveryLog
+
+    lines: list[str] = []
+    log = RecoveryLog("abcd", lines.append)
+    log.on_started((0.0, {"key": "testbed-unit-abcd-0", "attempt": 1, "worker": "tcp://w1"}))
+    log.on_started((0.0, {"key": "testbed-unit-abcd-1", "attempt": 1, "worker": "tcp://w2"}))
+    removed = {"action": "remove-worker", "worker": "tcp://w1", "expected": False,
+               "processing-tasks": ["testbed-unit-abcd-0", "testbed-unit-abcd-2",
+                                    "testbed-unit-other-0"]}
+    log.on_event((1.0, removed))
+    log.catch_up([], [(1.0, removed)])  # the same event again: recorded once
+    assert [(r["unit"], r["attempt"], r["then"]) for r in log.records] == [(0, 1, "resubmitted")]
+    assert len(lines) == 1
+    log.on_started((2.0, {"key": "testbed-unit-abcd-0", "attempt": 2, "worker": "tcp://w2"}))
+    log.on_event((3.0, {**removed, "worker": "tcp://w2", "expected": True,
+                        "processing-tasks": ["testbed-unit-abcd-0", "testbed-unit-abcd-1"]}))
+    assert [(r["unit"], r["attempt"], r["then"]) for r in log.records] == [
+        (0, 1, "resubmitted"), (0, 2, "given up"), (1, 1, "resubmitted")]
+    assert log.summary() == {"lost": 3, "resubmitted": 2, "given_up": 1}
+    assert "given up after 2 attempts" in lines[1]
