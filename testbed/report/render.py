@@ -30,6 +30,8 @@ FIGURE_CAPTIONS = {
     "fig_stall_vs_rho": "Median stall against the update rate rho, per policy.",
     "fig_trace_segments": "Capacity of the trace segment each network replayed (the files "
     "the manifest recorded, from each trace offset, for the median episode duration).",
+    "fig_command_stall": "Your program's stall per action, as it reported it: the share of "
+    "actions (y) that waited at most x ms, per network and policy (command workloads).",
     "fig_link_": "One episode's links from its packet logs: per host, throughput against "
     "the capacity the link offered (grey) and every packet's queueing delay, uplink and "
     "downlink (like mm-throughput-graph and mm-delay-graph).",
@@ -91,7 +93,10 @@ def _conventions(inputs: ReportInputs) -> list[str]:
         "their costs are left out, nothing is imputed.",
         f"Paired intervals: two-stage bootstrap over families then templates, {inputs.draws} "
         f"draws, seed {inputs.seed}, 95% percentile interval of the change in median stall.",
-        "A difference under 10% of the larger median is a practical tie.",
+        "A difference under 10% of the larger median is a practical tie. Every paired change "
+        "states its resolution (the half-width of its 95% interval) beside that band; one "
+        "whose interval straddles an edge of the band is unresolved at this size, neither a "
+        "tie nor a difference.",
         "See docs/reports.md in the repository for how to read each table and figure.",
     ]
 
@@ -102,7 +107,7 @@ def render_markdown(inputs: ReportInputs, out_dir: Path) -> str:
     parts += ["", "## Overview", ""] + [f"- {line}" for line in _overview(inputs.run)]
     parts += ["", "## Conventions", ""] + [f"- {line}" for line in _conventions(inputs)]
     if inputs.link_lines:
-        parts += ["", "## Links", ""] + [f"- {line}" for line in inputs.link_lines]
+        parts += ["", "## Links and host", ""] + [f"- {line}" for line in inputs.link_lines]
     parts += ["", "## Tables", ""]
     if not inputs.tables:
         parts.append("This campaign holds none of the cells the table layouts compare.")
@@ -146,7 +151,7 @@ def render_html(inputs: ReportInputs) -> str:
     body += [f"<li>{esc(line)}</li>" for line in _conventions(inputs)]
     body.append("</ul>")
     if inputs.link_lines:
-        body += ["<h2>Links</h2>", "<ul>"] + [f"<li>{esc(x)}</li>" for x in inputs.link_lines]
+        body += ["<h2>Links and host</h2>", "<ul>"] + [f"<li>{esc(x)}</li>" for x in inputs.link_lines]
         body.append("</ul>")
     body += ["<h2>Tables</h2>"]
     if not inputs.tables:
