@@ -38,7 +38,7 @@ from nodes.rpc import Handlers, SelfServingCaller
 from nodes.server import DataPlaneServer, serve_data_plane
 from nodes.service import Service, watch_parent
 from nodes.store import DURABILITY_MODES, PolicyStateArea, SqliteStore, remove_store_files
-from nodes.transport import CONNECTION_SETTINGS, Counters
+from nodes.transport import CONNECTION_SETTINGS, POOLED_CONNECTIONS, Counters
 from protocols.errors import LocalProtocolError
 from protocols.identity import Identity, Roster
 from protocols.planning import PlanningError, current_inputs, derive_plan, own_record
@@ -431,6 +431,15 @@ class Node:
         roots = _ids(field(args, "roots", list), "roots")
         keys = tuple(_strs(field(args, "keys", list), "keys"))
         return await run_act(env, policy, self.counters, action, roots, keys, args)
+
+    async def op_warm(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        """Open a pooled connection to every other roster member (``reuse_warm``)."""
+        cfg = self._ready()[0]
+        if self.client is None or cfg.connection not in POOLED_CONNECTIONS:
+            raise ControlError(f"connection: {cfg.connection!r} keeps no pool to warm")
+        peers = [m.agent_id for m in cfg.roster.members.values()
+                 if m.agent_id != cfg.identity.agent_id and m.port != 0]
+        return {"opened": await self.client.warm(peers)}
 
     async def op_counters(self, args: Mapping[str, Any]) -> dict[str, Any]:
         return self.counters.snapshot()
