@@ -45,7 +45,13 @@ from protocols.planning import PlanningError, current_inputs, derive_plan, own_r
 from protocols.policies import make_policy
 from protocols.policies.base import Policy
 from protocols.policy_rpc import PolicyContext
-from protocols.records import RECORD_ID_BYTES, RECORD_TYPES, Record
+from protocols.records import (
+    RECORD_ID_BYTES,
+    RECORD_TYPES,
+    WIRE_ENCODINGS,
+    Record,
+    set_wire_encoding,
+)
 
 log = logging.getLogger("nodes.node")
 MAX_ACTION_CHARS = 120  # record keys (plan/<action>/r<n>) are capped at 200
@@ -278,6 +284,8 @@ class Node:
         except LimitsError as exc:
             raise ControlError(str(exc)) from None
         self.limits = limits
+        set_wire_encoding(field(args, "wire_encoding", str, allowed=WIRE_ENCODINGS,
+                                default="msgpack"))
         store = self.store
         if (store is None or self.cfg is None or store.path != cfg.store_path
                 or store.durability != cfg.durability):
@@ -330,7 +338,7 @@ class Node:
         store.install(record)
         _, _, env, policy = self._ready()
         await policy.on_seed(env, record.head)  # setup, never timed as stall
-        return {"head": record.head.to_wire()}
+        return {"head": record.head.to_wire("msgpack")}
 
     def _own_key(self, key: str) -> str:
         cfg = self.cfg
@@ -381,7 +389,7 @@ class Node:
         new_head = record.head
         before = self._traffic()
         timed = await self._timed_hook("on_update", lambda: policy.on_update(env, new_head))
-        return {"head": new_head.to_wire(), "t_ns": t_ns, "bytes": self._traffic() - before,
+        return {"head": new_head.to_wire("msgpack"), "t_ns": t_ns, "bytes": self._traffic() - before,
                 **timed}
 
     async def op_unit_end(self, args: Mapping[str, Any]) -> dict[str, Any]:

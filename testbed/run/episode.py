@@ -326,6 +326,7 @@ class EpisodeRunner:
                                      owners=first_schedule.owners, ledger=ledger,
                                      congestion_control=topo.socket_congestion_control,
                                      plugins=self.campaign.plugins,
+                                     wire_encoding=options.wire_encoding,
                                      ) as team:
                     group = TeamGroup(topo, team, self.campaign,
                                       link_log_dir=self.link_log_dir)

@@ -124,6 +124,8 @@ def test_bad_grid_values(tmp_path: Path, line: str, message: str) -> None:
      "options.backend: 'kernel' is not allowed; allowed: auto, userspace, netem"),
     (BASE_TOML + "[options]\ndurability = 'none'\n",
      "options.durability: 'none' is not allowed; allowed: full, normal"),
+    (BASE_TOML + "[options]\nwire_encoding = 'xml'\n",
+     "options.wire_encoding: 'xml' is not allowed; allowed: msgpack, json"),
     (BASE_TOML + "[options]\nrpc_timeout_s = 0\n",
      "options.rpc_timeout_s: 0 is not allowed; allowed: a number > 0"),
     (BASE_TOML + "[options]\nretries = 2\n", "options: unknown field 'retries'; allowed: "
