@@ -30,8 +30,9 @@ from testbed.campaign.workload import (
 from testbed.links.backend import BACKEND_CHOICES
 from testbed.links.profiles import profile_names
 
-#: Nominal update rates a campaign may ask for (the paper's grid).
-RHOS = (0.25, 1.0, 4.0, 16.0)
+#: Nominal update rates a campaign may ask for: the paper's grid and the interpolated
+#: rates its learned-selector study (D.10) holds out.
+RHOS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 CONNECTIONS: tuple[str, ...] = tuple(CONNECTION_SETTINGS)
 DURABILITY: tuple[str, ...] = tuple(DURABILITY_MODES)
 WIRE_ENCODINGS: tuple[str, ...] = tuple(_WIRE_ENCODINGS)
