@@ -17,6 +17,8 @@ Rules (docs/architecture.md, "Control plane"):
 4. An RpcError or RemoteProtocolError escaping ``validate`` is a block with that reason.
 5. ``versions`` (optional, key -> record ID) is the version set an application carries
    with the plan; it reaches the policy as ``ActionRequest.supplied``.
+6. ``critical`` (optional, one of ``keys``) is the input the workload declares critical;
+   it reaches the policy as ``ActionRequest.critical``.
 """
 
 from __future__ import annotations
@@ -65,7 +67,10 @@ async def run_act(env: NodeEnv, policy: Policy, counters: Counters, action: str,
     deadline_s = seconds(args, "deadline_s", None)
     effect_delay_s = seconds(args, "effect_delay_s", 0.0) or 0.0
     supplied = version_set(args["versions"]) if "versions" in args else ()
-    request = ActionRequest(action, roots, keys, supplied)
+    critical = field(args, "critical", str, default="")
+    if critical and critical not in keys:
+        raise ControlError("critical: must be one of the action's keys")
+    request = ActionRequest(action, roots, keys, supplied, critical)
     before = counters.snapshot()
     replans_before = env.replans_made
     env.replan_ns = 0

@@ -21,6 +21,16 @@ What each limit bounds (docs/architecture.md, "Threat model"):
   At the cap the oldest connection that has not yet sent an authenticated frame is
   evicted to make room; if every connection has, the new one is refused. Either way
   ``refused`` counts it.
+- ``pre_auth_bytes_per_source``: bytes of partial frames held by the connections of one
+  source address that have not yet sent an authenticated frame (a replayed hello
+  followed by most of a 1 MiB frame holds 1 MiB). Past it the oldest such connection of
+  that source is closed (its bytes are freed), so a flood holds at most this much and a
+  new honest connection still gets in.
+- ``answer_bytes_per_connection`` / ``answer_bytes_per_peer``: bytes of answers waiting
+  on a peer that does not read them (encoded, not yet taken by the socket), on one
+  connection and over all of one peer's connections. Past the first that connection is
+  closed; past the second the peer's connection holding the most. Either way it is the
+  peer's fault (``rejected``, logged) and the node keeps serving.
 - ``install_records_per_peer`` / ``install_bytes_per_peer``: what one peer may install
   at this node in one episode (records, content bytes); past them the install is
   refused as the peer's protocol error and nothing of it is stored.
@@ -49,6 +59,9 @@ class Limits:
     max_connections: int = 512
     max_connections_per_peer: int = 128
     max_in_flight: int = 4096
+    pre_auth_bytes_per_source: int = 16 * 1024 * 1024
+    answer_bytes_per_connection: int = 64 * 1024 * 1024
+    answer_bytes_per_peer: int = 128 * 1024 * 1024
     install_records_per_peer: int = 16384
     install_bytes_per_peer: int = 512 * 1024 * 1024
     log_lines_per_s: float = 5.0

@@ -254,7 +254,10 @@ class Node:
 
     # --- control ops ---------------------------------------------------------------------
     async def op_ping(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        return {"agent_id": None if self.cfg is None else self.cfg.identity.agent_id}
+        # t_ns: when this node handled the ping (the controller's liveness, rule 3 of
+        # testbed/run/liveness.py; CLOCK_MONOTONIC is system wide)
+        return {"agent_id": None if self.cfg is None else self.cfg.identity.agent_id,
+                "t_ns": time.monotonic_ns()}
 
     async def op_configure(self, args: Mapping[str, Any]) -> dict[str, Any]:
         agent_id = field(args, "agent_id", str)

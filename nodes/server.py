@@ -15,7 +15,16 @@ plus the connection limits of ``nodes/limits.py``:
 8. A ``sync_handler`` (the node's) is answered inline by the connection's reader: no
    task per request, and the answer is written before the next frame is read, unless
    the socket or a frame still going out holds it back (then a task sends it, and
-   counts against ``max_in_flight`` as a running request does).
+   counts against ``max_in_flight`` as a running request does, and the reader yields
+   to the rest of the node before the next request).
+9. Bytes held for peers are bounded (``nodes/holdings.py``): the partial frames of
+   connections that have not yet sent an authenticated frame, per source address
+   (``pre_auth_bytes_per_source``; past it the source's oldest such connection is
+   closed), and answers waiting on a peer that does not read them, per connection and
+   per peer (``answer_bytes_per_connection`` / ``answer_bytes_per_peer``; past them the
+   connection, or the peer's connection holding the most, is closed). Each close is
+   the peer's fault: ``rejected``, a rate-limited warning, the node keeps serving; what
+   such connections held is given back to the kernel after them (``nodes/memory.py``).
 """
 
 from __future__ import annotations
@@ -27,7 +36,9 @@ from typing import Any
 
 import trio
 
+from nodes.holdings import Holding
 from nodes.limits import Limits, RateLimitedLog
+from nodes.memory import MemoryReturn
 from nodes.transport import (
     Counters,
     FramedStream,
@@ -49,13 +60,20 @@ log = logging.getLogger("nodes.transport.server")
 class _Conn:
     """One inbound connection: its cancel scope, who it is, whether it proved itself."""
 
-    __slots__ = ("opened", "peer", "proven", "scope")
+    __slots__ = ("answers", "detached", "faulted", "held_most", "opened", "peer", "pre_auth",
+                 "proven", "scope", "source")
 
-    def __init__(self) -> None:
+    def __init__(self, source: str = "?") -> None:
         self.scope = trio.CancelScope()
         self.peer: str | None = None
+        self.source = source  # the peer's address
         self.proven = False  # an authenticated frame arrived
         self.opened = time.monotonic()
+        self.pre_auth = 0  # bytes of a partial frame held before it proved itself
+        self.answers = 0  # bytes of answers waiting on the peer to read them
+        self.held_most = 0  # the most it held of both at once
+        self.faulted = False  # closed for the peer's fault
+        self.detached = False  # being closed: its bytes no longer count (nodes/holdings.py)
 
 
 class DataPlaneServer:
@@ -74,6 +92,15 @@ class DataPlaneServer:
         self.limits = limits
         self.conns: dict[_Conn, None] = {}  # insertion order = age
         self.logs = RateLimitedLog(log, rate_per_s=limits.log_lines_per_s)
+        self.pre_auth = Holding("pre_auth", lambda c: c.source, per_connection=None,
+                                per_group=limits.pre_auth_bytes_per_source, order="oldest",
+                                detached=_detached)
+        self.answers = Holding("answers", lambda c: c.peer,
+                               per_connection=limits.answer_bytes_per_connection,
+                               per_group=limits.answer_bytes_per_peer, order="largest",
+                               detached=_detached)
+        self.memory = MemoryReturn()
+        self._nursery: trio.Nursery | None = None  # the connections' (accept_loop's)
 
     async def _call_sync(self, peer: str, method: str, params: dict[str, Any]) -> Any:
         assert self.sync_handler is not None
@@ -83,15 +110,16 @@ class DataPlaneServer:
         """New pinned keys (a new episode): close every connection made under the old."""
         self.identity, self.roster = identity, roster
         for conn in list(self.conns):
-            conn.scope.cancel()
+            self._close(conn)
 
     # --- admission -----------------------------------------------------------------
     def _evict_one(self, peer: str | None) -> bool:
         """Evict the oldest unproven connection (of ``peer`` if given)."""
         for conn in self.conns:
             if not conn.proven and (peer is None or conn.peer == peer) \
-                    and not conn.scope.cancel_called:
-                conn.scope.cancel()
+                    and not conn.detached:
+                self._close(conn)
+                conn.faulted = True
                 self.conns.pop(conn)
                 self.counters.refused += 1
                 self.logs.warning("evict", "evicted an unproven data-plane connection "
@@ -99,13 +127,13 @@ class DataPlaneServer:
                 return True
         return False
 
-    def _admit(self) -> _Conn | None:
+    def _admit(self, source: str) -> _Conn | None:
         if len(self.conns) >= self.limits.max_connections and not self._evict_one(None):
             self.counters.refused += 1
             self.logs.warning("refuse", "refused a data-plane connection: %d open "
                               "(max_connections)", len(self.conns))
             return None
-        conn = _Conn()
+        conn = _Conn(source)
         self.conns[conn] = None
         self.counters.peak_connections = max(self.counters.peak_connections, len(self.conns))
         return conn
@@ -124,9 +152,64 @@ class DataPlaneServer:
                           "(max_connections_per_peer)", peer, same)
         return False
 
+    # --- bytes held for peers (rule 9) ------------------------------------------------
+    def _hold_pre_auth(self, conn: _Conn, held: int) -> None:
+        """``conn`` (not yet proven) holds ``held`` bytes of a partial frame."""
+        _, total = self.pre_auth.set(conn, held)
+        conn.held_most = max(conn.held_most, held + conn.answers)
+        counters = self.counters
+        counters.peak_pre_auth_bytes = max(counters.peak_pre_auth_bytes, total)
+        for victim in self.pre_auth.to_close(conn, self.conns):
+            if victim is conn:
+                self._detach(conn)
+                raise RemoteProtocolError(
+                    f"unauthenticated connections from {conn.source} hold more than "
+                    f"{self.limits.pre_auth_bytes_per_source} bytes "
+                    "(pre_auth_bytes_per_source)")
+            self._close_for_holding(victim, "unauthenticated connections from that "
+                                    "source hold more than pre_auth_bytes_per_source")
+
+    def _queue_answer(self, conn: _Conn, size: int) -> None:
+        """``size`` more bytes of answers wait on ``conn``'s peer."""
+        held, total = self.answers.change(conn, size)
+        conn.held_most = max(conn.held_most, held + conn.pre_auth)
+        counters = self.counters
+        counters.peak_answer_bytes = max(counters.peak_answer_bytes, held)
+        counters.peak_peer_answer_bytes = max(counters.peak_peer_answer_bytes, total)
+        for victim in self.answers.to_close(conn, self.conns):
+            if victim is conn:
+                self._detach(conn)
+                which = "connection" if held > self.limits.answer_bytes_per_connection \
+                    else "peer"
+                raise RemoteProtocolError(
+                    f"{held if which == 'connection' else total} bytes of answers wait "
+                    f"on a peer that does not read them (answer_bytes_per_{which})")
+            self._close_for_holding(victim, "answers waiting on it exceed "
+                                    "answer_bytes_per_peer (it does not read them)")
+
+    def _detach(self, conn: _Conn) -> None:
+        """``conn`` is closing: its bytes stop counting against the caps (they are let
+        go as soon as its tasks see the close)."""
+        if not conn.detached:
+            self.pre_auth.detach(conn)
+            self.answers.detach(conn)
+            conn.detached = True
+
+    def _close(self, conn: _Conn) -> None:
+        self._detach(conn)
+        conn.scope.cancel()
+
+    def _close_for_holding(self, conn: _Conn, why: str) -> None:
+        self._close(conn)
+        conn.faulted = True
+        self.counters.rejected += 1
+        self.logs.warning("hold", "closing data-plane connection from %s: %s",
+                          conn.peer or conn.source, why)
+
     # --- serving -----------------------------------------------------------------------
     async def accept_loop(self, listener: trio.SocketListener,
                           nursery: trio.Nursery) -> None:
+        self._nursery = nursery
         while True:
             try:
                 stream = await listener.accept()
@@ -135,7 +218,7 @@ class DataPlaneServer:
                 await trio.sleep(0.01)
                 continue
             self.counters.connections_accepted += 1
-            conn = self._admit()
+            conn = self._admit(_source(stream))
             if conn is None:
                 await trio.aclose_forcefully(stream)
                 continue
@@ -161,11 +244,14 @@ class DataPlaneServer:
                         return
                     await framed.send_body(reply)
                 framed.authenticated()
+                framed.on_buffered = lambda held: self._hold_pre_auth(conn, held)
                 await self._serve_requests(framed, session, conn)
         except RemoteProtocolError as exc:
+            conn.faulted = True
             self.counters.rejected += 1
             self.logs.warning("reject", "closing data-plane connection from %s: %s", peer, exc)
         except trio.TooSlowError:
+            conn.faulted = True
             self.counters.rejected += 1
             self.logs.warning("timeout", "closing data-plane connection from %s: %s", peer,
                               "idle too long" if conn.proven
@@ -175,7 +261,10 @@ class DataPlaneServer:
             log.debug("data-plane connection from %s ended: %r", peer, exc)
         finally:
             self.conns.pop(conn, None)
+            self.pre_auth.release(conn)
             await framed.aclose()
+            if conn.faulted or not conn.proven:  # what a peer made it hold is let go
+                self.memory.released(conn.held_most, self._nursery)
 
     def _answer_now(self, peer: str, rid: int, method: str, params: dict[str, Any]) -> bytes:
         """The response body of one request from :attr:`sync_handler` (raises
@@ -219,7 +308,17 @@ class DataPlaneServer:
                 except Exception as exc:  # our handler's bug: answer, log, keep serving
                     log.exception("handler for %r from %s failed", method, session.peer_id)
                     body = error_body(rid, "internal", f"{type(exc).__name__}: {exc}")
-                await send(framed.send_sealed, session, body)
+                try:
+                    self._queue_answer(conn, len(body))
+                except RemoteProtocolError as exc:
+                    self.answers.change(conn, -len(body))
+                    fault.append(exc)
+                    nursery.cancel_scope.cancel()
+                    return
+                try:
+                    await send(framed.send_sealed, session, body)
+                finally:
+                    self.answers.change(conn, -len(body))
 
             async def send(fn: Callable[..., Awaitable[None]], *args: Any) -> None:
                 try:
@@ -227,12 +326,20 @@ class DataPlaneServer:
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     nursery.cancel_scope.cancel()
 
-            async def send_later(fn: Callable[..., Awaitable[None]], *args: Any) -> None:
+            async def send_later(size: int, fn: Callable[..., Awaitable[None]],
+                                 *args: Any) -> None:
                 nonlocal in_flight
                 try:
                     await send(fn, *args)
                 finally:
                     in_flight -= 1
+                    self.answers.change(conn, -size)
+
+            def queue(size: int, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
+                nonlocal in_flight
+                in_flight += 1
+                nursery.start_soon(send_later, size, fn, *args)
+                self._queue_answer(conn, size)  # raises past the caps: closes this one
 
             idle = trio.CancelScope()  # one scope, its deadline moved per frame
             try:
@@ -242,7 +349,10 @@ class DataPlaneServer:
                             limits.idle_timeout_s if conn.proven
                             else limits.first_frame_timeout_s)
                         msg = await framed.receive_opened(session)
-                        conn.proven = True
+                        if not conn.proven:
+                            conn.proven = True
+                            framed.on_buffered = None
+                            self.pre_auth.release(conn)
                         if msg is None:
                             break
                         rid, method, params = parse_request(msg)
@@ -258,11 +368,15 @@ class DataPlaneServer:
                         # it back; then a task finishes it and the next request is read.
                         body = self._answer_now(session.peer_id, rid, method, params)
                         if not framed.send_sealed_nowait(session, body):
-                            in_flight += 1
-                            nursery.start_soon(send_later, framed.send_sealed, session, body)
+                            queue(len(body), framed.send_sealed, session, body)
                         elif framed.unsent:
-                            in_flight += 1
-                            nursery.start_soon(send_later, framed.flush)
+                            queue(framed.unsent_bytes, framed.flush)
+                        else:
+                            continue
+                        # An answer waits on the peer: let the rest of the node run before
+                        # the next request (pipelined requests of a peer that does not
+                        # read must not hold the node's loop, its pings included).
+                        await trio.lowlevel.checkpoint()
                 if idle.cancelled_caught:
                     timed_out = True
                     nursery.cancel_scope.cancel()
@@ -276,6 +390,18 @@ class DataPlaneServer:
             raise fault[0]
         if timed_out:
             raise trio.TooSlowError
+
+
+def _detached(conn: _Conn) -> bool:
+    return conn.detached
+
+
+def _source(stream: trio.SocketStream) -> str:
+    """The peer's address (what ``pre_auth_bytes_per_source`` groups by)."""
+    try:
+        return str(stream.socket.getpeername()[0])
+    except OSError:  # already disconnected
+        return "?"
 
 
 async def serve_data_plane(*, host: str, port: int, server: DataPlaneServer | None = None,

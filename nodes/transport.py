@@ -32,6 +32,7 @@ import ipaddress
 import logging
 import os
 import socket
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, fields
 from typing import Any, Literal
@@ -81,6 +82,9 @@ class Counters:
     peak_frame_objects: int = 0  # objects in one received body
     peak_install_records: int = 0  # records one peer installed here this episode
     peak_install_bytes: int = 0  # ... their content bytes
+    peak_pre_auth_bytes: int = 0  # partial frames held for not yet proven connections of one source
+    peak_answer_bytes: int = 0  # answers waiting on one connection's peer to read them
+    peak_peer_answer_bytes: int = 0  # ... on all connections of one peer
 
     def snapshot(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -95,6 +99,13 @@ class FramedStream:
 
     Until :meth:`authenticated` it accepts frames of at most ``pre_auth_max_bytes``
     and reads no byte beyond the frame being received (rule 6 of ``protocols.auth``).
+    While :attr:`on_buffered` is set (the server sets it until a connection's first
+    authenticated frame), it is called after every read with the bytes the decoder
+    holds, and may raise to close the connection (``pre_auth_bytes_per_source``).
+
+    Reads land in one receive buffer per thread and the decoder copies out what it
+    keeps, so a read allocates nothing of its own (a fresh 256 KiB object per read would
+    leave the allocator holding memory after a flood of partial frames).
 
     The frame path talks to the socket's descriptor directly (rule 6 of this module):
     a send writes the whole frame with one ``write`` when the socket takes it (no
@@ -115,6 +126,7 @@ class FramedStream:
         self._send_lock = trio.Semaphore(1, max_value=1)
         self._unsent: memoryview | None = None  # rest of a frame started inline
         self._torn = False  # a send was interrupted mid-frame: the stream is unusable
+        self.on_buffered: Callable[[int], None] | None = None
 
     def authenticated(self) -> None:
         """The handshake is done: full-size frames, large reads from now on."""
@@ -150,13 +162,13 @@ class FramedStream:
                 await trio.lowlevel.wait_writable(self.stream.socket)
                 sent += self._write_some(view[sent:])
 
-    async def _read_some(self, max_bytes: int) -> bytes:
+    async def _read_into(self, view: memoryview) -> int:
         sock = self.stream.socket
         while True:
             self._fd()
             await trio.lowlevel.wait_readable(sock)
             try:
-                return os.read(self._fd(), max_bytes)
+                return os.readv(self._fd(), (view,))
             except BlockingIOError:
                 continue
             except OSError as exc:
@@ -231,6 +243,10 @@ class FramedStream:
     def unsent(self) -> bool:
         return self._unsent is not None
 
+    @property
+    def unsent_bytes(self) -> int:
+        return 0 if self._unsent is None else len(self._unsent)
+
     async def flush(self) -> None:
         """Finish the frame :meth:`send_sealed_nowait` started, then release the lock."""
         rest, self._unsent = self._unsent, None
@@ -247,12 +263,17 @@ class FramedStream:
             body = decoder.next_frame()
             if body is not None:
                 break
-            data = await self._read_some(
-                decoder.wanted_bytes() if self._exact else wire.RECEIVE_CHUNK_BYTES)
-            if not data:
+            buffer = _receive_buffer()
+            if self._exact:
+                buffer = buffer[:decoder.wanted_bytes()]
+            # No await between the read and the copy: the buffer is this task's meanwhile.
+            received = await self._read_into(buffer)
+            if not received:
                 decoder.close()
                 return None
-            decoder.receive_data(data)
+            decoder.receive_data(buffer[:received])
+            if self.on_buffered is not None:
+                self.on_buffered(decoder.held_bytes)
         self._counters.bytes_received += wire.PREFIX_BYTES + len(body)
         self._counters.frames_received += 1
         return body
@@ -269,6 +290,18 @@ class FramedStream:
 
     async def aclose(self) -> None:
         await trio.aclose_forcefully(self.stream)
+
+
+_thread_state = threading.local()
+
+
+def _receive_buffer() -> memoryview:
+    """This thread's receive buffer (``RECEIVE_CHUNK_BYTES``), made once."""
+    view: memoryview | None = getattr(_thread_state, "receive_buffer", None)
+    if view is None:
+        view = memoryview(bytearray(wire.RECEIVE_CHUNK_BYTES))
+        _thread_state.receive_buffer = view
+    return view
 
 
 def _stream_error(exc: OSError) -> trio.ClosedResourceError | trio.BrokenResourceError:

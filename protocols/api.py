@@ -65,7 +65,7 @@ from protocols.policy_schema import (
 )
 from protocols.records import HeadInfo, Record
 
-API_VERSION = "1.0"
+API_VERSION = "1.1"  # 1.1: ActionRequest.critical, Param(named=...)
 #: The entry-point group installed distributions register their plugin modules in.
 ENTRY_POINT_GROUP = "planfence_testbed.policies"
 

@@ -166,13 +166,17 @@ class ActionRequest:
 
     ``supplied`` is a version set (key, record ID) the application hands over with the
     plan, when it carries one across the handoff (the declared version set of a native
-    validator); PlanFence and the baselines never read it.
+    validator); PlanFence and the baselines never read it. ``critical`` is the declared
+    key the workload marks as the action's critical input ("" when it marks none; read
+    only by ``planfence_budget``'s ``critical_first`` ranking). A replacement plan keeps
+    both the declared keys and the critical input.
     """
 
     action: str
     roots: tuple[bytes, ...]
     declared: tuple[str, ...]
     supplied: tuple[tuple[str, bytes], ...] = ()
+    critical: str = ""
 
 
 @dataclass

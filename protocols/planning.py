@@ -177,4 +177,5 @@ def replacement_plan(identity: Identity, store: LocalStore, request: ActionReque
                        seq=0, parents=[r.id for r in records], rtype="plan",
                        content=plan_content(request.action, records, "replay"))
     store.install(plan)
-    return ActionRequest(request.action, (plan.id,), request.declared)
+    return ActionRequest(request.action, (plan.id,), request.declared,
+                         critical=request.critical)

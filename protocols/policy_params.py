@@ -9,6 +9,9 @@ Rules:
 2. A bad value is one :class:`ParamError` line naming the field and what is allowed.
 3. :func:`canonical_spec` writes a spec with its settings in declaration order and
    values in one form, so two spellings of one configuration are one cell.
+4. A parameter may also accept a few words besides its kind's values (``named``: the
+   budget ``b`` of ``planfence_budget`` is an integer >= 0 or ``all``); a word is kept
+   as the string it is.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ class Param:
     hi: float | None = None
     choices: tuple[Any, ...] = ()
     doc: str = ""
+    #: Words allowed besides the kind's values (rule 4), e.g. ``("all",)``.
+    named: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name):
@@ -46,12 +51,20 @@ class Param:
             raise ParamError(f"parameter {self.name}: kind {self.kind!r} not one of "
                              f"{', '.join(KINDS)}")
         object.__setattr__(self, "choices", tuple(self.choices))
+        object.__setattr__(self, "named", tuple(self.named))
+        if not all(isinstance(w, str) and _NAME_RE.match(w) for w in self.named):
+            raise ParamError(f"parameter {self.name}: named values must be words "
+                             f"[a-z][a-z0-9_]{{0,39}}")
         try:
             self.coerce(self.default)  # the default must itself be allowed
         except ParamError as exc:
             raise ParamError(f"default of {exc}") from None
 
     def allowed(self) -> str:
+        words = "".join(f" or {w}" for w in self.named)
+        return self._allowed_values() + words
+
+    def _allowed_values(self) -> str:
         if self.choices:
             return ", ".join(map(format_value, self.choices))
         noun = {"int": "an integer", "float": "a number", "str": "a string",
@@ -66,6 +79,8 @@ class Param:
 
     def coerce(self, value: Any) -> Any:
         """The value as this parameter's type, or ParamError naming the field."""
+        if isinstance(value, str) and value.strip() in self.named:
+            return value.strip()
         out = _convert(self.kind, value)
         ok = out is not None
         if ok and self.choices:

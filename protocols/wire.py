@@ -69,6 +69,11 @@ class FrameDecoder:
         """Bytes held that do not yet form a complete frame."""
         return len(self._buffer)
 
+    @property
+    def held_bytes(self) -> int:
+        """Bytes held in all: the partial frame and complete frames not yet taken."""
+        return len(self._buffer) + sum(len(body) for body in self._ready)
+
     def wanted_bytes(self) -> int:
         """Bytes still missing to complete the next frame (the prefix first).
 
@@ -82,7 +87,7 @@ class FrameDecoder:
         size = int.from_bytes(buf[:PREFIX_BYTES], "big")
         return max(1, PREFIX_BYTES + min(size, self.max_frame_bytes) - len(buf))
 
-    def feed(self, data: bytes | bytearray) -> list[bytes]:
+    def feed(self, data: bytes | bytearray | memoryview) -> list[bytes]:
         """Add ``data``; return the bodies of the frames it completed."""
         self._check_usable()
         if not self._buffer and len(data) > PREFIX_BYTES:  # the usual case: one whole frame
@@ -109,7 +114,7 @@ class FrameDecoder:
             del buf[:offset]
         return bodies
 
-    def receive_data(self, data: bytes | bytearray) -> None:
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         """h11-style: buffer ``data``; collect frames with :meth:`next_frame`."""
         self._ready.extend(self.feed(data))
 

@@ -33,7 +33,7 @@ from testbed.campaign.model import Campaign
 from testbed.campaign.networks import check_backend
 from testbed.campaign.parse import load_campaign, parse_campaign
 from testbed.campaign.plugins import load as load_plugins
-from testbed.campaign.plugins import resolve_names
+from testbed.campaign.plugins import load_recorded, resolve_names
 from testbed.errors import HostError, UserError
 from testbed.report.build import build_report
 from testbed.report.load import load_run
@@ -82,10 +82,13 @@ def run(campaign: Campaign, out: str | Path, *, resume: bool = False, extend: bo
 
     The run holds lanes of the host's budget (``host_lanes``, default 8 per CPU;
     docs/campaigns.md, "Host-wide lanes") beside other runs on this host; a run into
-    the repository's results/ needs a committed checkout unless ``allow_dirty``."""
+    the repository's results/ needs a committed checkout unless ``allow_dirty``. Units that fail are
+    contained (testbed.run.failures): the summary's ``failures`` lists them and ``left``
+    says what could not be removed at the end."""
     from testbed.host.lanes import HostLanes
-    from testbed.host.ledger import Ledger, clean_dead_runs, open_run_ledger, run_state_dir
+    from testbed.host.ledger import Ledger, clean_dead_runs, run_state_dir
     from testbed.run.episode import EpisodeRunner
+    from testbed.run.failures import contained_ledger
     from testbed.run.loop import run_campaign
 
     out = Path(out)
@@ -97,8 +100,8 @@ def run(campaign: Campaign, out: str | Path, *, resume: bool = False, extend: bo
                         "(or the `testbed run` command line, which enters a user namespace)")
     printer = console or Console(highlight=False)
     label = str(out.absolute())
-    if resume or extend:
-        for item in clean_dead_runs(run_state_dir(), label=label):
+    if resume or extend:  # what a killed run (this one's, or any) left behind
+        for item in clean_dead_runs(run_state_dir()):
             printer.print(f"removed {item} (left by an interrupted run)")
     root = Path(workdir) if workdir is not None else None
     summary: list[RunSummary] = []
@@ -112,9 +115,9 @@ def run(campaign: Campaign, out: str | Path, *, resume: bool = False, extend: bo
                                               jobs=lanes, runner=runner, console=printer,
                                               host=host, allow_dirty=allow_dirty))
 
-    with open_run_ledger(label) as ledger:
+    with contained_ledger(label) as (ledger, left):  # a teardown error: in summary.left
         trio.run(main, ledger)
-    return summary[0]
+    return replace(summary[0], left=tuple(left))
 
 
 def _run_dir(run_dir: str | Path) -> Path:
@@ -138,6 +141,12 @@ def actions(run_dir: str | Path) -> pd.DataFrame:
 
 def report(run_dir: str | Path, *, draws: int = 10_000, seed: int = 0,
            console: Console | None = None, episode: str | None = None) -> dict[str, Any]:
-    """Write tables, figures and report.md/html into ``run_dir``; what was written."""
-    return build_report(_run_dir(run_dir), draws=draws, seed=seed, console=console,
-                        episode=episode)
+    """Write tables, figures and report.md/html into ``run_dir``; what was written. The
+    plugins the run recorded are loaded first where they still import (their policies'
+    titles and categories label the tables; testbed.campaign.plugins rule 3)."""
+    path = _run_dir(run_dir)
+    recorded = load_run(path).manifest.get("plugins") or {}
+    for note in load_recorded(recorded if isinstance(recorded, Mapping) else {}):
+        if console is not None:
+            console.print(f"report: note: {note}", markup=False)
+    return build_report(path, draws=draws, seed=seed, console=console, episode=episode)

@@ -28,6 +28,11 @@ class RunFailure(Exception):
     """A process or link of a live run failed (aborts the episode, not the campaign)."""
 
 
+class LinkFailure(RunFailure):
+    """The link emulation itself failed (the emulator process, not a node): the testbed's
+    failure, so the unit records it as one (testbed.run.failures)."""
+
+
 def one_line(exc: BaseException) -> str:
     """The first line of an error's message (its type name if it has none)."""
     text = str(exc).strip()

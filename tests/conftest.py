@@ -1,12 +1,55 @@
-"""Suite-wide settings."""
+"""Suite-wide settings and pytest hooks.
+
+The suite's runs share a host-lane state of their own (below).
+
+
+pytest-trio re-raises a ``pytest.skip(reason)`` from inside an async test as a bare
+``pytest.skip()`` when trio wrapped it in an exception group, and the reason is lost
+(the report says only "Skipped"). The VM lane counts skips by their reason (a rate
+this machine is too slow to test is an allowed skip, anything else is not), so the
+reason is taken back from the original exception here.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+from _pytest.outcomes import Skipped
 
 from testbed.host.lanes import DIR_ENV
+
+
+def _inner_skip_reason(exc: BaseException | None) -> str | None:
+    """The message of the one Skipped inside the exception group ``exc`` came from."""
+    for _ in range(10):
+        if exc is None:
+            return None
+        if isinstance(exc, BaseExceptionGroup):
+            queue: list[BaseException] = [exc]
+            while queue:
+                e = queue.pop()
+                if isinstance(e, BaseExceptionGroup):
+                    queue.extend(e.exceptions)
+                elif isinstance(e, Skipped) and e.msg:
+                    return str(e.msg)
+        exc = exc.__context__
+    return None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    lost = (call.excinfo is not None and report.skipped
+            and isinstance(report.longrepr, tuple)
+            and isinstance(call.excinfo.value, Skipped) and not call.excinfo.value.msg)
+    if lost and call.excinfo is not None and isinstance(report.longrepr, tuple):
+        reason = _inner_skip_reason(call.excinfo.value.__context__)
+        if reason:
+            path, lineno, _ = report.longrepr
+            report.longrepr = (path, lineno, f"Skipped: {reason}")
+    return report
 
 
 @pytest.fixture(autouse=True, scope="session")

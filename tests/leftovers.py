@@ -1,36 +1,173 @@
-"""Leftover checks that hold while other runs share the host.
+"""Leftover checks that count only what the test's own runs created.
 
-Every run records its namespaces in its ledger before it creates them, so a namespace
-that no ledger of a live (or foreign) run holds, or a ledger whose owner died, is a
-leak; namespaces of other live runs beside a test are never mistaken for one.
+Other engineers' suites and campaigns share this host, so no check here looks at names
+by pattern (``tb*`` namespaces, ``planfence-tb*`` directories). Every run records what
+it creates in a ledger before it creates it (testbed.host.ledger), and a ledger names
+its owner process. :func:`watch_runs` watches the run-state directories with inotify
+(no ledger is missed, however short-lived) and keeps the ledgers whose owner is this
+process or one of its descendants (a ``testbed run`` it started, a dask worker, a
+``testbed worker``): those runs, and nothing else, are the test's own. What of theirs
+still exists afterwards is a leftover: a namespace or link with their prefix, a
+directory or process their ledgers recorded, a ledger file still there.
+
+:func:`prefix_objects` serves a test that knows its run's prefix already.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import os
+import select
+import struct
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
 from testbed.errors import UserError
 from testbed.host import kernel
 from testbed.host import ledger as ledger_mod
+from testbed.host.processes import same_process
+
+_IN_CLOSE_WRITE, _IN_MOVED_TO, _IN_CREATE = 0x8, 0x80, 0x100
+_IN_NONBLOCK, _IN_CLOEXEC = 0o4000, 0o2000000
+_EVENT = struct.Struct("iIII")
 
 
-def run_objects(owners: set[int] | None = None) -> set[str]:
-    """Leftovers: ledgers of dead runs (of ``owners`` only, if given) and run namespaces
-    that no ledger of a live or foreign run holds. Other runs on this host record their
-    namespaces in their ledgers before they create them, so a run beside this test (even
-    one that was killed on purpose) is never mistaken for a leak of ours."""
-    held: set[str] = set()
-    dead: set[str] = set()
-    for path in ledger_mod.STATE_DIR.glob("tb*.json"):
+def _descends_from(pid: int, ancestor: int) -> bool:
+    """Whether process PID is ANCESTOR or one of its descendants (now)."""
+    for _ in range(64):
+        if pid == ancestor:
+            return True
+        if pid <= 1:
+            return False
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return False
+        pid = int(stat.rsplit(")", 1)[1].split()[1])  # field 4, after the command name
+    return False
+
+
+@dataclass
+class RunWatch:
+    """The ledgers of this process's runs seen while the watch was open."""
+
+    root_pid: int = field(default_factory=os.getpid)
+    prefixes: set[str] = field(default_factory=set)
+    ledgers: set[Path] = field(default_factory=set)
+    tmpdirs: set[str] = field(default_factory=set)
+    processes: set[tuple[int, int | None]] = field(default_factory=set)
+    foreign: set[str] = field(default_factory=set)  # prefixes of other processes' runs
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def note(self, path: Path) -> None:
+        """A ledger file appeared or changed: take what it records, if it is ours."""
+        with self.lock:
+            self._note(path)
+
+    def _note(self, path: Path) -> None:
+        prefix = path.name.removesuffix(".json")
+        if prefix in self.foreign:
+            return
         try:
             ledger = ledger_mod.Ledger.load(path)
-        except (OSError, ValueError, KeyError, UserError):
-            continue
-        ours = owners is None or ledger.owner_pid in owners
-        if ledger.owner_alive() or not ours:
-            held |= {str(e.get("name")) for e in ledger.entries}
-        else:
-            dead.add(f"ledger {path.name}")
-    return {f"netns {n}" for n in kernel.list_netns()
-            if n.startswith("tb") and n not in held} | dead
+        except (OSError, ValueError, KeyError, TypeError, UserError):
+            return  # gone already (torn down) or not a ledger
+        if prefix not in self.prefixes:
+            if not _descends_from(ledger.owner_pid, self.root_pid):
+                self.foreign.add(prefix)
+                return
+            self.prefixes.add(prefix)
+            self.ledgers.add(path)
+        for entry in ledger.entries:
+            if entry.get("kind") == "tmpdir":
+                self.tmpdirs.add(str(entry["path"]))
+            elif entry.get("kind") == "process":
+                self.processes.add((int(entry["pid"]), entry.get("start_ticks")))
+
+    def leftovers(self) -> set[str]:
+        """What the watched runs created that still exists."""
+        with self.lock:
+            return self._leftovers()
+
+    def _leftovers(self) -> set[str]:
+        found = {f"ledger {p.name}" for p in self.ledgers if p.exists()}
+        if self.prefixes:
+            found |= {f"netns {n}" for n in kernel.list_netns()
+                      if any(n.startswith(p) for p in self.prefixes)}
+            found |= {f"link {n}" for n in kernel.list_links()
+                      if any(n.startswith(p) for p in self.prefixes)}
+        found |= {f"directory {d}" for d in self.tmpdirs if Path(d).exists()}
+        found |= {f"process {pid}" for pid, ticks in self.processes
+                  if same_process(pid, ticks)}
+        return found
+
+    def wait_clean(self, timeout_s: float = 15.0) -> set[str]:
+        """Leftovers once they stopped shrinking or ``timeout_s`` passed (a worker or
+        a killed node tears down a moment after its run returned)."""
+        deadline = time.monotonic() + timeout_s
+        while (left := self.leftovers()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return left
+
+
+def _state_dirs() -> list[Path]:
+    dirs = {ledger_mod.STATE_DIR, ledger_mod.run_state_dir()}
+    return sorted(d for d in dirs if os.geteuid() == 0 or d != ledger_mod.STATE_DIR)
+
+
+@contextlib.contextmanager
+def watch_runs() -> Iterator[RunWatch]:
+    """Watch the run-state directories while the block runs (module docstring)."""
+    watch = RunWatch()
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
+    if fd < 0:
+        raise OSError(ctypes.get_errno(), "inotify_init1")
+    dirs: dict[int, Path] = {}
+    stop = threading.Event()
+    try:
+        for d in _state_dirs():
+            d.mkdir(mode=0o700, parents=True, exist_ok=True)
+            wd = libc.inotify_add_watch(fd, str(d).encode(),
+                                        _IN_CLOSE_WRITE | _IN_MOVED_TO | _IN_CREATE)
+            if wd < 0:
+                raise OSError(ctypes.get_errno(), f"inotify_add_watch {d}")
+            dirs[wd] = d
+
+        def read_events() -> None:
+            while True:
+                ready, _, _ = select.select([fd], [], [], 0.05)
+                if not ready:
+                    if stop.is_set():
+                        return
+                    continue
+                try:
+                    data = os.read(fd, 1 << 16)
+                except BlockingIOError:
+                    continue
+                offset = 0
+                while offset < len(data):
+                    wd, _mask, _cookie, size = _EVENT.unpack_from(data, offset)
+                    raw = data[offset + _EVENT.size: offset + _EVENT.size + size]
+                    offset += _EVENT.size + size
+                    name = raw.split(b"\0", 1)[0].decode(errors="replace")
+                    if name.startswith("tb") and name.endswith(".json") and wd in dirs:
+                        watch.note(dirs[wd] / name)
+
+        reader = threading.Thread(target=read_events, name="leftovers-watch", daemon=True)
+        reader.start()
+        try:
+            yield watch
+        finally:
+            time.sleep(0.1)  # the last events of the block
+            stop.set()
+            reader.join(5.0)
+    finally:
+        os.close(fd)
 
 
 def prefix_objects(prefix: str) -> list[str]:

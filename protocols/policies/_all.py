@@ -11,5 +11,6 @@ import protocols.policies.metadata_sync
 import protocols.policies.owner_head_freshness
 import protocols.policies.per_key_all_key
 import protocols.policies.planfence
+import protocols.policies.planfence_budget
 import protocols.policies.planfence_grouped
 import protocols.policies.session_read_set  # noqa: F401

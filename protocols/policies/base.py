@@ -29,6 +29,8 @@ class Policy:
     DERIVATION_CURRENT: ClassVar[str] = "derivation_current"
     #: Stand-ins for a native validator's evidence configurations (Tables 1a / G.1).
     NATIVE_STANDIN: ClassVar[str] = "native_validator_standin"
+    #: Checks only some of an action's inputs (``planfence_budget`` below b = all).
+    BUDGETED: ClassVar[str] = "budgeted"
 
     #: The name campaign files use (registered by ``@register``).
     name: ClassVar[str] = ""

@@ -9,6 +9,9 @@ Rules:
 2. The manifest records, per plugin that registered a policy the campaign runs (and
    per plugin the campaign names), its distribution, version and source SHA-256;
    ``--resume``/``--extend`` refuse a run whose plugin is gone or changed.
+3. A report loads the plugins its run recorded, where they still import, so that their
+   policies get their registered titles and categories; one that does not import is
+   left out with a note (the report keeps the policy's name), never an error.
 """
 
 from __future__ import annotations
@@ -78,3 +81,21 @@ def changed(recorded: Mapping[str, Any]) -> str | None:
                     f"{str(old.get('source_sha256'))[:12]} then, {info.source_sha256[:12]} "
                     "now); rerun into another --out")
     return None
+
+
+def load_recorded(recorded: Mapping[str, Any]) -> list[str]:
+    """Load the plugins a run's manifest recorded (rule 3); notes on those left out."""
+    notes: list[str] = []
+    for name, old in sorted(recorded.items()):
+        if not isinstance(old, Mapping):
+            continue
+        module = str(old.get("module") or "")
+        target = name if (name.endswith(".py") or "/" in name) else module
+        if not target:
+            continue
+        try:
+            load_plugins([target])
+        except PluginError as exc:
+            notes.append(f"plugin {name!r} of the run was not loaded ({exc}); its policies "
+                         "keep their names")
+    return notes

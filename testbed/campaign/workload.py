@@ -33,6 +33,12 @@ Rules this module obeys (pure: no I/O, no clock, every choice from a seeded gene
 6. Record contents are deterministic pseudo-random bytes (cheap to generate), sized
    per tier: compact 0.5-4 KiB, artifact 256-320 KiB. Every key also gets an initial
    version (``Schedule.seeds``) written by its owner before the episode starts.
+7. Every protected action declares one critical input (``Act.critical``, read by
+   ``planfence_budget``'s ``critical_first`` ranking): one of its declared keys, drawn
+   from a generator of its own seeded by the schedule's parameters and the action id,
+   so it takes nothing from the schedule's stream and is not correlated with which key
+   the block's updates write. Being a function of what the digest already covers, it
+   is left out of the digest: every schedule (and digest) is what it was before.
 """
 
 from __future__ import annotations
@@ -117,6 +123,7 @@ class Act:
     action: str
     executor: str
     keys: tuple[str, ...]
+    critical: str = ""  # the declared critical input (rule 7); "" in single-action trials
 
 
 Event = Update | Plan | Act
@@ -280,7 +287,8 @@ def generate_schedule(*, seed: int, family: str, template: str, agents: int = 5,
             events.append(Update(unit, key, owners[key], rtype,
                                  content(f"{key}/v{versions[key]}")))
             unit += 1
-        events.append(Act(unit, action, agent_ids[executor], declared))
+        events.append(Act(unit, action, agent_ids[executor], declared,
+                          critical_input(params, action, declared)))
         unit += 1
     assert unit <= units, "realised_counts keeps every event inside the horizon"
 
@@ -289,6 +297,11 @@ def generate_schedule(*, seed: int, family: str, template: str, agents: int = 5,
                     keys=key_ids, owners=owners, units=units, deps=deps, rho=float(rho),
                     tier=tier, depth=depth, seeds=seeds, events=tuple(events),
                     counts=counts, digest=digest)
+
+
+def critical_input(params: tuple[object, ...], action: str, declared: tuple[str, ...]) -> str:
+    """The action's declared critical input (rule 7): its own seeded draw."""
+    return random.Random(seed_int("critical", *params, action)).choice(declared)
 
 
 def template_roles(rng: random.Random, shape: Template, agents: int) -> tuple[int, int]:

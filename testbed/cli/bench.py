@@ -75,18 +75,21 @@ def _limits(args: argparse.Namespace, out: Console, json_path: Path | None) -> A
 
     result = trio.run(lambda: bench_limits(
         out, network=args.network, templates=args.templates,
-        policies=args.policies.split(",") if args.policies else ()))
+        policies=args.policies.split(",") if args.policies else (), preset=args.preset))
     write_json(json_path, result)
     return None  # the table is printed
 
 
 def _limits_args(b: argparse.ArgumentParser) -> None:
     b.add_argument("--network", default="loopback",
-                   help="network of the primary grid to run (default loopback)")
+                   help="network of the preset's grid to run (default loopback)")
+    b.add_argument("--preset", default="primary",
+                   help="the preset whose grid to run (default primary; artifact has the "
+                        "largest records)")
     b.add_argument("--templates", type=positive_int, default=1, metavar="N",
                    help="templates per cell (default 1)")
     b.add_argument("--policies", metavar="P1,P2",
-                   help="only these policies (default: every policy of primary)")
+                   help="only these policies (default: every policy of the preset)")
 
 
 def _lanes(args: argparse.Namespace, out: Console, json_path: Path | None) -> Any:
@@ -133,6 +136,25 @@ def _transfer_args(b: argparse.ArgumentParser) -> None:
                    help="transfers per payload size and loss rate (default 20)")
 
 
+def _calibrate(args: argparse.Namespace, out: Console, json_path: Path | None) -> Any:
+    import trio
+
+    require_namespaces("bench calibrate")
+    from testbed.tools.calibrate import calibrate
+
+    cal = trio.run(partial(calibrate, args.backend, runs=args.runs))
+    result = {"backend": args.backend, **cal.as_dict()}
+    out.print(f"calibrate {args.backend}: {cal.describe()}")
+    write_json(json_path, result)
+    return _unless_written(json_path, result)
+
+
+def _calibrate_args(b: argparse.ArgumentParser) -> None:
+    _link_args(b)
+    b.add_argument("--runs", type=positive_int, default=5, metavar="N",
+                   help="streams to measure (default 5)")
+
+
 BenchRun = Callable[[argparse.Namespace, Console, "Path | None"], Any]
 
 
@@ -152,6 +174,9 @@ BENCHES: tuple[Bench, ...] = (
     Bench("limits", "the primary grid's peak connections, objects and installs against the "
                     "node limits", _limits, _limits_args),
     Bench("lanes", "AT&T episodes at 1-16 lanes and on a LocalCluster", _lanes, _lanes_args),
+    Bench("calibrate", "how fast this machine moves full-size datagrams over an unshaped "
+                       "link (what rate checks may demand of it)", _calibrate,
+          _calibrate_args),
     Bench("transfer", "one fresh authenticated transfer against payload and loss on a wired, "
                       "an LTE and a LEO-like network (fig. C.1)", _transfer, _transfer_args),
 )

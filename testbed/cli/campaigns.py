@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import sys
 from pathlib import Path
 from typing import Any
 
 from testbed.cli.common import (
     DEFAULT_RESULTS,
+    EXIT_UNITS_FAILED,
     console,
     directory,
     positive_int,
@@ -41,7 +44,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     import trio
 
     from testbed import api
-    from testbed.host.ledger import Ledger, clean_dead_runs, open_run_ledger, run_state_dir
+    from testbed.host.ledger import Ledger, clean_dead_runs, run_state_dir
+    from testbed.run.contract import RunSummary
+    from testbed.run.failures import contained_ledger
     from testbed.run.loop import run_campaign
 
     if args.dry_run:
@@ -60,30 +65,41 @@ def cmd_run(args: argparse.Namespace) -> int:
                         "(--jobs), not on a cluster; drop --cluster or link_log")
     out_console = console()
     if cluster is None:
-        api.run(campaign, out, resume=args.resume, extend=args.extend, jobs=jobs,
-                backend=args.backend, workdir=workdir, console=out_console,
-                host_lanes=args.host_lanes, allow_dirty=args.allow_dirty)
+        summary = api.run(campaign, out, resume=args.resume, extend=args.extend, jobs=jobs,
+                          backend=args.backend, workdir=workdir, console=out_console,
+                          host_lanes=args.host_lanes, allow_dirty=args.allow_dirty)
         out_console.print(f"results: {out}")
-        return 0
+        return _ended(summary)
     label = str(Path(out).absolute())
-    if args.resume or args.extend:  # what a killed run on this directory left behind
-        for item in clean_dead_runs(run_state_dir(), label=label):
+    if args.resume or args.extend:  # what a killed run (this one's, or any) left behind
+        for item in clean_dead_runs(run_state_dir()):
             out_console.print(f"removed {item} (left by an interrupted run)")
 
-    async def main(ledger: Ledger) -> None:
+    async def main(ledger: Ledger) -> RunSummary:
         from testbed.run.dask_engine import open_dask_engine
 
         async with open_dask_engine(cluster, backend=args.backend, workdir=workdir,
                                     allow_mixed_backends=mixed) as engine:
             await engine.survey(campaign)
-            await run_campaign(campaign, out, resume=args.resume, extend=args.extend,
-                               engine=engine, console=out_console,
-                               allow_dirty=args.allow_dirty)
+            return await run_campaign(campaign, out, resume=args.resume, extend=args.extend,
+                                      engine=engine, console=out_console,
+                                      allow_dirty=args.allow_dirty)
 
-    with open_run_ledger(label) as ledger:
-        trio.run(main, ledger)
+    with contained_ledger(label) as (ledger, left):
+        summary = trio.run(main, ledger)
     out_console.print(f"results: {out}")
-    return 0
+    return _ended(dataclasses.replace(summary, left=tuple(left)))
+
+
+def _ended(summary: Any) -> int:
+    """Exit status 4 and one line per kind of trouble when units failed or the run
+    could not remove what it made (testbed.run.failures rule 5)."""
+    from testbed.run.failures import ending_lines
+
+    lines = ending_lines(summary)
+    for line in lines:
+        print(line, file=sys.stderr)
+    return EXIT_UNITS_FAILED if lines else 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:

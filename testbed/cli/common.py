@@ -2,7 +2,8 @@
 
 Whose fault it was decides how a failure ends (``testbed.errors``): bad user input is
 one line on stderr and exit status 2; a host that lacks something is one line and exit
-status 3; anything else is a bug in the testbed and shows its traceback (exit 1).
+status 3; a campaign whose units failed ends with a one-line summary and exit status 4;
+anything else is a bug in the testbed and shows its traceback (exit 1).
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ from testbed.errors import HostError, UserError
 
 DEFAULT_RESULTS = Path("results")
 EXIT_USER, EXIT_HOST = 2, 3
+EXIT_UNITS_FAILED = 4
+"""``testbed run`` finished, but units of it failed (testbed.run.failures): a one-line
+summary says how many and why; their episodes are recorded as aborted."""
 
 USERNS_ENV = "TESTBED_IN_NEW_USERNS"
 """Set when ``testbed`` re-executes itself to start inside a user namespace of its own."""

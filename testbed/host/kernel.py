@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from pyroute2 import IPRoute, NetlinkError
+from pyroute2 import config as pr_config
 from pyroute2 import netns as pr_netns
 
 from testbed.errors import HostError
@@ -40,6 +41,14 @@ _TUNSETIFF = 0x400454CA
 _IFF_TUN = 0x0001
 _IFF_NO_PI = 0x1000
 GONE_ERRNOS = (errno.ENOENT, errno.ENODEV, errno.ESRCH, errno.EINVAL)
+HELPER_TIMEOUT_S = 60
+"""pyroute2 creates a namespace, and opens netlink inside one, in a helper process it
+forks, and gives that helper 2 s to answer; on a loaded host, and in the VM lane's
+TCG guest beside a busy host, fork and answer took longer and the call failed as a
+TimeoutError, which has no errno (EIO here). A kernel call that slow is slow, not
+failed: the helper gets this long."""
+pr_config.default_communicate_timeout = max(pr_config.default_communicate_timeout,
+                                            HELPER_TIMEOUT_S)
 """Errnos that mean "already gone" when removing something."""
 
 T = TypeVar("T")

@@ -12,8 +12,13 @@ Rules of this module:
 - Temporary directories of a run (node stores and logs, control sockets) are named
   ``<kind>-<prefix>-<n>`` under the temp root and recorded (``tmpdir``) before they
   are made; a run that has no topology (loopback) still has a ledger for them
-  (:func:`open_run_ledger`), and ``--resume`` removes those of a dead run on the same
-  results directory (:func:`clean_dead_runs`).
+  (:func:`open_run_ledger`).
+- A ledger is a dead run's when its owner process is gone: no process with that pid
+  *and* start time, or only its zombie. ``testbed clean`` and ``--resume`` undo every
+  dead run's ledger whatever its label (:func:`clean_dead_runs`): a killed controller
+  leaves a run ledger labelled with its results directory, but also one ledger per
+  topology and one for a shared emulator, which carry no label. A live owner's ledger
+  is never touched, nor a recorded process whose start time differs (a reused pid).
 - Root-namespace sysctls are global: several runs may need a word in one at once, so
   they hold it jointly (:func:`hold_root_sysctl_word`); the last live holder restores
   the host's value.
@@ -44,7 +49,7 @@ from testbed.host.kernel import (
     remove_netns,
     sysctl_path,
 )
-from testbed.host.processes import process_start_ticks, same_process, stop_process
+from testbed.host.processes import is_running, process_start_ticks, same_process, stop_process
 from testbed.host.userns import in_user_namespace, outer_uid
 
 STATE_DIR = Path("/run/planfence-testbed")
@@ -212,7 +217,8 @@ class Ledger:
                    label=str(body.get("label", "")))
 
     def owner_alive(self) -> bool:
-        return same_process(self.owner_pid, self.owner_start_ticks)
+        """The run that owns this ledger still runs (a zombie has exited: it is dead)."""
+        return is_running(self.owner_pid, self.owner_start_ticks)
 
     @property
     def path(self) -> Path:
@@ -220,7 +226,7 @@ class Ledger:
 
     def _save(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
+        tmp = self.path.with_suffix(f".{os.getpid()}.tmp")  # one per writing process
         body = {
             "prefix": self.prefix,
             "owner_pid": self.owner_pid,
@@ -374,20 +380,36 @@ def clean_all(state_dir: Path = STATE_DIR) -> list[str]:
     return clean_dead_runs(state_dir)
 
 
-def clean_dead_runs(state_dir: Path, *, label: str | None = None) -> list[str]:
-    """Undo the ledgers in ``state_dir`` whose owner is dead (only those with ``label``
-    if given: ``--resume`` cleans what a killed run on the same directory left)."""
+def clean_dead_runs(state_dir: Path) -> list[str]:
+    """Undo the ledgers in ``state_dir`` whose owner is dead, whatever their label
+    (``testbed clean``; ``--resume`` before it runs: a killed run on the same results
+    directory left its run ledger there, and its topologies' unlabelled ledgers)."""
     removed: list[str] = []
     first_error: BaseException | None = None
     if not state_dir.is_dir():
         return removed
+    # Cleaners of one host take turns (`clean`, --resume and every dask worker that
+    # starts clean dead runs): two tearing one ledger down at once raced on its file.
+    lock = os.open(state_dir / "clean.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        first_error = _clean_dead(state_dir, removed)
+    finally:
+        os.close(lock)
+    if first_error is not None:
+        raise first_error
+    return removed
+
+
+def _clean_dead(state_dir: Path, removed: list[str]) -> BaseException | None:
+    first_error: BaseException | None = None
     for path in sorted(state_dir.glob("tb*.json")):
         try:
             ledger = Ledger.load(path)
         except (OSError, ValueError, KeyError, TypeError, UserError):
             continue  # not a ledger this version can read: leave it alone
-        if ledger.owner_alive() or (label is not None and ledger.label != label):
-            continue  # a live run owns it, or another run's
+        if ledger.owner_alive():
+            continue  # a live run owns it
         try:
             removed.extend(ledger.teardown())
         except Exception as exc:  # keep cleaning the others; what failed stays recorded
@@ -395,9 +417,7 @@ def clean_dead_runs(state_dir: Path, *, label: str | None = None) -> list[str]:
             continue
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
-    if first_error is not None:
-        raise first_error
-    return removed
+    return first_error
 
 
 @contextlib.contextmanager

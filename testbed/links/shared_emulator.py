@@ -27,11 +27,11 @@ from collections.abc import Sequence
 
 import msgpack
 
-from testbed.errors import RunFailure
+from testbed.errors import LinkFailure
 from testbed.host.ledger import Ledger, new_prefix
 
 
-class SharedEmulatorError(RunFailure):
+class SharedEmulatorError(LinkFailure):
     """The shared emulator process is gone or refused a group."""
 
 

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 import trio
 
-from testbed.errors import RunFailure
+from testbed.errors import LinkFailure
 from testbed.host import kernel
 from testbed.host.ledger import Ledger, scratch_ledger
 from testbed.links.backend import LinkHost, ProbeResult
@@ -50,7 +50,7 @@ NAME = "userspace"
 PROBE_NAMES = ("tun",)
 
 
-class EmulatorError(RunFailure):
+class EmulatorError(LinkFailure):
     """The emulator process failed or refused its configuration."""
 
 
@@ -90,15 +90,19 @@ class EmulatorHandle:
     async def request(self, body: dict[str, Any]) -> dict[str, Any]:
         async with self._lock:
             view = memoryview(encode_message(body))  # trio sockets have no sendall
-            while view:
-                n = await self._sock.send(view)
-                view = view[n:]
-            while (frame := self._decoder.next_frame()) is None:
-                chunk = await self._sock.recv(1 << 20)
-                if not chunk:
-                    raise EmulatorError(f"emulator process {self.process.pid} exited "
-                                        f"(status {self.process.returncode})")
-                self._decoder.receive_data(chunk)
+            try:
+                while view:
+                    n = await self._sock.send(view)
+                    view = view[n:]
+                while (frame := self._decoder.next_frame()) is None:
+                    chunk = await self._sock.recv(1 << 20)
+                    if not chunk:
+                        raise EmulatorError(f"emulator process {self.process.pid} exited "
+                                            f"(status {self.process.returncode})")
+                    self._decoder.receive_data(chunk)
+            except OSError as exc:  # its end of the control socket is gone with it
+                raise EmulatorError(f"emulator process {self.process.pid} exited (status "
+                                    f"{self.process.returncode}; {exc!r})") from None
         reply = decode_message(frame)
         if not reply.get("ok"):
             raise EmulatorError(f"emulator refused {body.get('op')}: {reply.get('error')}")

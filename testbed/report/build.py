@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
+from testbed.report.budget import budget_figure
 from testbed.report.figures import build_figures
 from testbed.report.link_figures import link_figures, link_health_lines
 from testbed.report.load import load_run
@@ -57,6 +58,7 @@ def build_report(
     say(f"report: {len(tables)} tables -> {run_dir / 'tables'}")
     if trial_kind(run) == "episodes":
         written, notes = build_figures(run, run_dir / "figures")
+        written += budget_figure(run, run_dir / "figures")
         link_paths, link_notes = link_figures(run, run_dir / "figures", episode=episode)
         written, notes = written + link_paths, notes + link_notes
     else:  # single-action trials: their table is the result

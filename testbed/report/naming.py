@@ -19,13 +19,15 @@ UNSAFE = "Unsafe freshness"
 DELAYED = "Delayed sync (unsafe)"
 CURRENT = "Derivation-current"
 STANDIN = "Native-validator stand-in"
-CATEGORY_ORDER = (UNSAFE, DELAYED, CURRENT, STANDIN)
+BUDGETED = "Budgeted validation (unsafe)"
+CATEGORY_ORDER = (UNSAFE, DELAYED, BUDGETED, CURRENT, STANDIN)
 
 _LABELS = {
     Policy.UNSAFE_FRESHNESS: UNSAFE,
     Policy.DELAYED_SYNC: DELAYED,
     Policy.DERIVATION_CURRENT: CURRENT,
     Policy.NATIVE_STANDIN: STANDIN,
+    Policy.BUDGETED: BUDGETED,
 }
 
 # Row order inside a category (unlisted names sort after these, alphabetically).
@@ -42,6 +44,7 @@ _ORDER = (
     "adaptive",
     "planfence_grouped",
     "planfence",
+    "planfence_budget",
     "session_read_set",
     "inherited_version_set",
 )

@@ -23,6 +23,10 @@ FIGURE_CAPTIONS = {
     "batched all-key validation.",
     "figd1_validity": "Share of valid actions against median stall; numbers inside the "
     "metadata-sync markers give the barrier interval K.",
+    "fig_budget_frontier": "Budgeted validation: share of issued actions that were invalid "
+    "against median stall (left) and traffic (right), one line per ranking through b = 0, "
+    "1, ..., all (point labels), with owner-head freshness (square) and PlanFence "
+    "(diamond) on the same schedules.",
     "fig_stall_vs_rho": "Median stall against the update rate rho, per policy.",
     "fig_trace_segments": "Capacity of the trace segment each network replayed (the files "
     "the manifest recorded, from each trace offset, for the median episode duration).",

@@ -1,5 +1,6 @@
-"""The paper's table layouts (Table 2, D.1-D.9, H.1, F.1, G.1, the artifact tier) and
-the explainable-cost table built from a campaign's results.
+"""The paper's table layouts (Table 2, D.1-D.9, H.1, F.1, G.1, the artifact tier), the
+explainable-cost table and the budgeted-validation frontier, built from a campaign's
+results.
 
 Every builder returns the tables the campaign can fill (possibly none): a layout is
 written only when the campaign holds the cells it compares. A campaign of single-action
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from testbed.report.budget import budget_tables
 from testbed.report.load import Run
 from testbed.report.table_common import Options
 from testbed.report.tables_costs import artifact_tables, batch_tables, cost_tables
@@ -40,6 +42,7 @@ BUILDERS: Sequence[Callable[[Run, Options], list[Table]]] = (
     batch_tables,
     artifact_tables,
     cost_tables,
+    budget_tables,
 )
 TRIAL_BUILDERS: Sequence[Callable[[Run, Options], list[Table]]] = (
     replanning_tables,

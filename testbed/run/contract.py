@@ -102,3 +102,8 @@ class RunSummary:
     ran: int
     aborted: int
     wall_s: float
+    #: Unit failures that lost episodes or left host state (testbed.run.failures);
+    #: starts that a retry overcame are in the manifest only.
+    failures: tuple[Any, ...] = ()
+    #: What the run could not remove at its end (recorded for `testbed clean`).
+    left: tuple[str, ...] = ()

@@ -14,6 +14,9 @@ Rules (the engine side; the worker side is ``testbed.run.remote``):
 3. Episodes are marked started when their unit is submitted; outcomes are committed by
    the campaign loop as units finish. A unit whose worker died is resubmitted by the
    scheduler; the worker side caps that at one more attempt (``worker_lost`` after).
+   A unit's failures come back beside its outcomes (``testbed.run.remote`` rule 5); a
+   task that raised all the same (e.g. a worker that cannot rebuild the campaign)
+   aborts that unit's episodes with the reason, and the others go on.
 4. Loopback units are submitted one at a time and waited for before anything else is
    sent (their stall is CPU time); emulated-link units fill every lane.
 5. Cancelling (Ctrl-C) sets the run's cancel event, cancels the futures and waits for
@@ -38,8 +41,10 @@ from distributed.scheduler import KilledWorker
 
 from testbed.campaign.model import Campaign
 from testbed.errors import HostError, RunFailure, UserError
-from testbed.run.engines import OnOutcome, OnStart
+from testbed.run.engines import OnFailure, OnOutcome, OnStart
+from testbed.run.failures import UnitFailure, failure_reason, format_trace, unit_reason
 from testbed.run.remote import (
+    UnitReport,
     UnitTask,
     cancel_event_name,
     off_loop,
@@ -126,7 +131,8 @@ class DaskEngine:
                             + "); pass --backend, or allow it with --allow-mixed-backends")
 
     async def run(self, units: Sequence[WorkUnit], campaign: Campaign, *,
-                  on_start: OnStart, on_outcome: OnOutcome) -> None:
+                  on_start: OnStart, on_outcome: OnOutcome,
+                  on_failure: OnFailure | None = None) -> None:
         tasks = [UnitTask(self.token, i, campaign.config(), campaign.source,
                           tuple((cell.id, template) for cell, template in unit.episodes),
                           self.backend, str(self.workdir) if self.workdir else None)
@@ -134,14 +140,15 @@ class DaskEngine:
         paired = list(zip(units, tasks, strict=True))
         try:
             for unit, task in [p for p in paired if p[0].loopback]:
-                await self._batch([(unit, task)], on_start, on_outcome)
-            await self._batch([p for p in paired if not p[0].loopback], on_start, on_outcome)
+                await self._batch([(unit, task)], on_start, on_outcome, on_failure)
+            await self._batch([p for p in paired if not p[0].loopback], on_start, on_outcome,
+                              on_failure)
         finally:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(self._cancel_all)
 
     async def _batch(self, batch: Sequence[tuple[WorkUnit, UnitTask]], on_start: OnStart,
-                     on_outcome: OnOutcome) -> None:
+                     on_outcome: OnOutcome, on_failure: OnFailure | None) -> None:
         if not batch:
             return
         for unit, _ in batch:
@@ -162,17 +169,26 @@ class DaskEngine:
             nursery.start_soon(trio.to_thread.run_sync, wait_all)
             for _ in futures:
                 future = await receive.receive()
-                for outcome in await trio.to_thread.run_sync(
-                        self._outcomes, future, by_key[future.key]):
+                report = await trio.to_thread.run_sync(self._report, future,
+                                                       by_key[future.key])
+                for outcome in report.outcomes:
                     on_outcome(outcome)
+                for failure in report.failures:
+                    if on_failure is not None:
+                        on_failure(failure)
 
-    def _outcomes(self, future: Any, unit: WorkUnit) -> list[EpisodeOutcome]:
+    def _report(self, future: Any, unit: WorkUnit) -> UnitReport:
         try:
-            result: list[EpisodeOutcome] = future.result()
+            result: UnitReport = future.result()
         except KilledWorker as exc:
             reason = f"worker_lost: the cluster gave up on this unit ({exc})"
-            return [EpisodeOutcome(key, cell, template, None, reason, 0.0, "", unit.group)
-                    for key, (cell, template) in zip(unit.keys, unit.episodes, strict=True)]
+            return UnitReport(_aborted(unit, reason), [])
+        except Exception as exc:  # the task raised on its worker (rule 3)
+            reason = failure_reason(exc)
+            aborted = _aborted(unit, unit_reason("worker", reason))
+            return UnitReport(aborted, [UnitFailure(unit.group.id, "worker", reason,
+                                                    tuple(unit.keys),
+                                                    trace=format_trace(exc))])
         return result
 
     def _cancel_all(self) -> None:
@@ -186,6 +202,11 @@ class DaskEngine:
             if not busy:
                 return
             time.sleep(0.2)
+
+
+def _aborted(unit: WorkUnit, reason: str) -> list[EpisodeOutcome]:
+    return [EpisodeOutcome(key, cell, template, None, reason, 0.0, "", unit.group)
+            for key, (cell, template) in zip(unit.keys, unit.episodes, strict=True)]
 
 
 def _clean_dead_runs() -> list[str]:

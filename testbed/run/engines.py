@@ -29,10 +29,12 @@ import trio
 from testbed.campaign.model import Campaign
 from testbed.host.lanes import HostLanes
 from testbed.run.contract import Runner
+from testbed.run.failures import UnitFailure
 from testbed.run.units import EpisodeOutcome, ScheduleCache, WorkUnit, run_unit
 
 OnStart = Callable[[str], None]
 OnOutcome = Callable[[EpisodeOutcome], None]
+OnFailure = Callable[[UnitFailure], None]
 
 
 class Engine(Protocol):
@@ -44,8 +46,10 @@ class Engine(Protocol):
         ...
 
     async def run(self, units: Sequence[WorkUnit], campaign: Campaign, *,
-                  on_start: OnStart, on_outcome: OnOutcome) -> None:
-        """Run every unit; return when all ended (or raise, stopping the others)."""
+                  on_start: OnStart, on_outcome: OnOutcome,
+                  on_failure: OnFailure | None = None) -> None:
+        """Run every unit; return when all ended. A unit's failure is reported to
+        ``on_failure`` and the others go on (``testbed.run.failures``)."""
         ...
 
 
@@ -66,7 +70,8 @@ class LocalEngine:
         return out
 
     async def run(self, units: Sequence[WorkUnit], campaign: Campaign, *,
-                  on_start: OnStart, on_outcome: OnOutcome) -> None:
+                  on_start: OnStart, on_outcome: OnOutcome,
+                  on_failure: OnFailure | None = None) -> None:
         queue = list(units) if self.jobs == 1 else [u for u in units if u.loopback]
 
         async def lane() -> None:
@@ -79,7 +84,8 @@ class LocalEngine:
                 async with self._hold(loopback=unit.loopback):
                     for each in batch:
                         await run_unit(each, self.runner, campaign, on_start=on_start,
-                                       on_outcome=on_outcome, schedules=schedules)
+                                       on_outcome=on_outcome, schedules=schedules,
+                                       on_failure=on_failure)
 
         await lane()  # one lane: everything in campaign order; else loopback first, alone
         if self.jobs == 1:

@@ -51,7 +51,7 @@ from protocols.errors import ProtocolError
 from protocols.policies import describe_policy
 from testbed.campaign.model import Campaign, Cell, GroupKey, episode_key
 from testbed.campaign.workload import Act, Plan, Schedule, Update
-from testbed.errors import RunFailure
+from testbed.errors import LinkFailure, RunFailure
 from testbed.host.ledger import Ledger
 from testbed.net.topology import Topology, open_topology
 from testbed.run.accounting import PhaseTally, action_costs, episode_costs
@@ -110,6 +110,8 @@ class TeamGroup:
                     try:
                         result.append(await self._run(cell, schedule))
                     except (RunFailure, ProtocolError) as exc:  # a node died or refused
+                        if isinstance(exc, LinkFailure):
+                            raise  # the emulator failed, not a node: testbed.run.failures
                         failed.append(exc)
                     finally:
                         nursery.cancel_scope.cancel()
@@ -176,9 +178,10 @@ class TeamGroup:
                     plans[event.action] = bytes(reply["root"])
                     phases.planning += int(reply.get("bytes", 0))
                 else:
+                    critical = {"critical": event.critical} if event.critical else {}
                     reply = await team.call(event.executor, "act", action=event.action,
                                             roots=[plans[event.action]],
-                                            keys=list(event.keys))
+                                            keys=list(event.keys), **critical)
                     tally.action_ms += float(reply["stall_ms"])
                     acts.append((event, reply))
             if barrier:
@@ -288,7 +291,8 @@ class EpisodeRunner:
 
     def __init__(self, campaign: Campaign, *, workdir_root: Path | None = None,
                  backend: str | None = None, ledger: Ledger | None = None,
-                 link_log_dir: Path | None = None, shared_emulator: bool = False) -> None:
+                 link_log_dir: Path | None = None, shared_emulator: bool = False,
+                 startup_timeout_s: float | None = None) -> None:
         self.campaign = campaign
         self.workdir_root = workdir_root
         #: The run's ledger: every temporary directory is recorded in it before it is
@@ -298,6 +302,8 @@ class EpisodeRunner:
         self.link_log_dir = link_log_dir if campaign.options.link_log else None
         #: Lanes share one emulator process (testbed.links.shared_emulator).
         self.shared_emulator = shared_emulator
+        #: Node startup limit (None: measured on this host, testbed.run.startup).
+        self.startup_timeout_s = startup_timeout_s
         self.groups: list[TeamGroup] = []
 
     @asynccontextmanager
@@ -325,6 +331,7 @@ class EpisodeRunner:
                                      rpc_timeout_s=options.rpc_timeout_s,
                                      owners=first_schedule.owners, ledger=ledger,
                                      congestion_control=topo.socket_congestion_control,
+                                     startup_timeout_s=self.startup_timeout_s,
                                      plugins=self.campaign.plugins,
                                      wire_encoding=options.wire_encoding,
                                      ) as team:

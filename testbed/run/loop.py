@@ -77,6 +77,7 @@ from testbed.results.schema import (
 from testbed.results.summary import print_summary
 from testbed.run.contract import EpisodeResult, Runner, RunSummary
 from testbed.run.engines import Engine, LocalEngine
+from testbed.run.failures import UnitFailure, describe_failure, record_failure
 from testbed.run.units import EpisodeOutcome, plan_units
 
 
@@ -112,6 +113,7 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
     run_dir.open()
     status = "interrupted"
     counts = {"ran": 0, "aborted": 0}
+    failures: list[UnitFailure] = []
     progress = _progress(console)
     try:
         previous = run_dir.read_manifest()
@@ -152,8 +154,15 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
             counts["aborted"] += commit_outcome(campaign, run_dir, outcome)
             progress.advance(task)
 
+        def on_failure(failure: UnitFailure) -> None:
+            record_failure(run_dir, failure)
+            progress.console.print(describe_failure(failure))
+            if not failure.retried:
+                failures.append(failure)
+
         units = plan_units(todo, per_template=engine.per_template)
-        await engine.run(units, campaign, on_start=on_start, on_outcome=on_outcome)
+        await engine.run(units, campaign, on_start=on_start, on_outcome=on_outcome,
+                         on_failure=on_failure)
         status = "complete"
     finally:
         progress.stop()
@@ -167,7 +176,7 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
     if status == "complete":
         print_summary(run_dir.path, console)
     return RunSummary(run_dir.path, len(campaign.episodes()), len(done), counts["ran"],
-                      counts["aborted"], time.monotonic() - t0)
+                      counts["aborted"], time.monotonic() - t0, tuple(failures))
 
 
 def commit_outcome(campaign: Campaign, run_dir: RunDir, outcome: EpisodeOutcome) -> bool:

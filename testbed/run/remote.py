@@ -15,6 +15,10 @@ Rules:
 4. The run's cancel event (a ``distributed.Event``) is polled while the unit runs; when
    it is set the unit's trio scope is cancelled, so its topology and processes are torn
    down by their own ``finally`` blocks.
+5. A unit's failures come back with its outcomes (:class:`UnitReport`), never as the
+   task's exception: ``run_unit`` contains its own (``testbed.run.failures``), and an
+   error around it (the worker's ledger cannot be torn down) is reported the same way,
+   with every episode that has no outcome yet aborted.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from testbed.host.ledger import open_run_ledger
 from testbed.links.backends import AUTO_ORDER, probe_backend
 from testbed.results.provenance import host_description
 from testbed.run.episode import EpisodeRunner
+from testbed.run.failures import UnitFailure, failure_reason, format_trace, unit_reason
 from testbed.run.units import EpisodeOutcome, WorkUnit, run_unit, worker_host
 
 MAX_ATTEMPTS = 2
@@ -127,8 +132,16 @@ def _lost(task: UnitTask, unit: WorkUnit, attempt: int) -> list[EpisodeOutcome]:
             for key, (cell, template) in zip(unit.keys, unit.episodes, strict=True)]
 
 
-def run_unit_task(task: UnitTask) -> list[EpisodeOutcome]:
-    """The dask task: run one unit on this worker (rules 1-4)."""
+@dataclass(frozen=True)
+class UnitReport:
+    """What a worker returns for one unit: its outcomes and its failures (rule 5)."""
+
+    outcomes: list[EpisodeOutcome]
+    failures: list[UnitFailure]
+
+
+def run_unit_task(task: UnitTask) -> UnitReport:
+    """The dask task: run one unit on this worker (rules 1-5)."""
     global _running
     campaign = campaign_from_config(task.config, source=task.source)
     cells = {cell.id: cell for cell in campaign.cells()}
@@ -136,8 +149,9 @@ def run_unit_task(task: UnitTask) -> list[EpisodeOutcome]:
     unit = WorkUnit(episodes[0][0].group_key, episodes)
     attempt = _count_attempt(task)
     if attempt > MAX_ATTEMPTS:
-        return _lost(task, unit, attempt)
-    outcomes: list[EpisodeOutcome] = []
+        return UnitReport(_lost(task, unit, attempt), [])
+    report = UnitReport([], [])
+    stage = "run"
     with _running_lock:
         _running += 1
     try:
@@ -147,20 +161,33 @@ def run_unit_task(task: UnitTask) -> list[EpisodeOutcome]:
             runner = EpisodeRunner(campaign, backend=task.backend, ledger=ledger,
                                    workdir_root=Path(task.workdir) if task.workdir else None,
                                    shared_emulator=True)  # a worker's lanes: one emulator
-            trio.run(_run, unit, runner, campaign, outcomes,
+            trio.run(_run, unit, runner, campaign, report,
                      cancel_event_name(task.run_token))
+            stage = "teardown"
+    except Exception as exc:  # rule 5: around run_unit, e.g. the ledger's own teardown
+        reason = failure_reason(exc)
+        done = {o.key for o in report.outcomes}
+        lost = [EpisodeOutcome(key, cell, template, None, unit_reason(stage, reason), 0.0,
+                               "", unit.group, {}, worker_host())
+                for key, (cell, template) in zip(unit.keys, unit.episodes, strict=True)
+                if key not in done]
+        report.outcomes.extend(lost)
+        report.failures.append(UnitFailure(unit.group.id, stage, reason,
+                                           tuple(o.key for o in lost), 1, worker_host(),
+                                           format_trace(exc)))
     finally:
         with _running_lock:
             _running -= 1
-    return outcomes
+    return report
 
 
 async def _run(unit: WorkUnit, runner: EpisodeRunner, campaign: Any,
-               outcomes: list[EpisodeOutcome], cancel_name: str) -> None:
+               report: UnitReport, cancel_name: str) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_watch_cancel, cancel_name, nursery.cancel_scope)
         await run_unit(unit, runner, campaign, on_start=lambda key: None,
-                       on_outcome=outcomes.append)
+                       on_outcome=report.outcomes.append,
+                       on_failure=report.failures.append)
         nursery.cancel_scope.cancel()
 
 

@@ -46,11 +46,13 @@ from protocols.identity import CENTRAL_ID, Identity, Member, Roster
 from testbed.errors import RunFailure
 from testbed.host.ledger import Ledger
 from testbed.host.processes import is_running
+from testbed.run.liveness import Watched, watch_all
+from testbed.run.startup import STARTUP_FLOOR_S, measure_start_s, usable_cpus
+from testbed.run.startup import startup_timeout_s as startup_timeout
 
 log = logging.getLogger("testbed.run.team")
 
 T = TypeVar("T")
-STARTUP_TIMEOUT_S = 30.0
 SHUTDOWN_GRACE_S = 5.0
 HEARTBEAT_MIN_S = 1.0
 OP_DEADLINE_MARGIN_S = 5.0
@@ -120,6 +122,10 @@ def _make_dirs(*paths: Path) -> None:
         path.mkdir(parents=True, exist_ok=True)
 
 
+def _exited(node: _Node) -> bool:
+    return node.process is not None and node.process.poll() is not None
+
+
 @dataclass
 class _Node:
     agent: str
@@ -154,6 +160,8 @@ class Team:
     limits: dict[str, Any] = field(default_factory=dict)
     ledger: Ledger | None = None
     wire_encoding: str = "msgpack"  # records and head entries on the wire (protocols.records)
+    #: How long a node may take to open its control socket (testbed.run.startup).
+    startup_timeout_s: float = STARTUP_FLOOR_S
     roster: Roster = field(init=False)
     #: Key material, never a measurement: random per team, so that a rerun, a resumed
     #: run or another campaign with the same seed never derives this team's keys.
@@ -273,13 +281,14 @@ class Team:
         return found[0] if found else None
 
     async def watch_liveness(self, *, timeout_s: float) -> None:
-        """Ping every node every ``timeout_s / 4``; raise NodeUnresponsive for the first
-        that stays silent for ``timeout_s``. Runs until cancelled."""
-        while True:
-            frozen = await self.unresponsive(timeout_s=timeout_s)
-            if frozen is not None:
-                raise frozen
-            await trio.sleep(timeout_s / 4)
+        """Watch every node on its heartbeat connection until cancelled; raise
+        NodeUnresponsive for the first that is frozen (testbed/run/liveness.py: any
+        freeze longer than ``timeout_s`` is caught)."""
+        agent, overdue = await watch_all(
+            [Watched(n.agent, n.heartbeat, partial(_exited, n)) for n in self._nodes.values()
+             if n.heartbeat is not None and n.returncode is None], timeout_s=timeout_s)
+        self._nodes[agent].unresponsive = True
+        raise NodeUnresponsive(agent, overdue.describe())
 
     async def counters(self) -> dict[str, dict[str, int]]:
         replies = await self._each(lambda n: self.call(n.agent, "counters"))
@@ -364,7 +373,7 @@ class Team:
             log.error("node %s exited unexpectedly with code %s", node.agent, node.returncode)
 
     async def _wait_ready(self, node: _Node) -> None:
-        with trio.move_on_after(STARTUP_TIMEOUT_S):
+        with trio.move_on_after(self.startup_timeout_s):
             while True:
                 if node.returncode is not None or (
                         node.process is not None and node.process.returncode is not None):
@@ -377,7 +386,8 @@ class Team:
                     continue
                 await self.call(node.agent, "ping")
                 return
-        raise await self._died(node, f"no control socket after {STARTUP_TIMEOUT_S} s")
+        raise await self._died(node, "no control socket within the startup limit of "
+                                     f"{self.startup_timeout_s:.1f} s")
 
     async def _shutdown(self) -> None:
         self._closing = True
@@ -416,6 +426,7 @@ async def open_team(*, agents: Sequence[str], central: bool,
                     congestion_control: str | None = None,
                     limits: Mapping[str, Any] | None = None,
                     ledger: Ledger | None = None,
+                    startup_timeout_s: float | None = None,
                     wire_encoding: str = "msgpack") -> AsyncIterator[Team]:
     """Start and configure a team of node processes; stop them all on exit.
 
@@ -426,6 +437,8 @@ async def open_team(*, agents: Sequence[str], central: bool,
     imports at start (``python -m nodes --plugin``), e.g. to register a test policy.
     ``limits`` overrides settings of ``nodes.limits.Limits`` at every node. With a
     ``ledger`` the control sockets' directory is recorded in it before it is made.
+    ``startup_timeout_s``: how long a node may take to open its control socket (default:
+    measured on this host, ``testbed.run.startup``).
     """
     if connection not in CONNECTIONS:
         raise ValueError(f"connection: {connection!r} not one of {', '.join(CONNECTIONS)}")
@@ -448,6 +461,8 @@ async def open_team(*, agents: Sequence[str], central: bool,
         else tempfile.mkdtemp(prefix="pft-ctl-")
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [_source_root(), env.get("PYTHONPATH")]))
+    team.startup_timeout_s = startup_timeout_s if startup_timeout_s is not None else \
+        startup_timeout(await measure_start_s(env), len(members), usable_cpus())
     for name in members:
         netns, host = hosts[name]
         team._nodes[name] = _Node(name, netns, host, os.path.join(sock_dir, f"{name}.sock"),

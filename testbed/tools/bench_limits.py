@@ -1,11 +1,13 @@
 """``testbed bench limits``: what an honest campaign needs of each node limit.
 
-Runs the ``primary`` preset's grid (every policy; 5 agents, 8 keys, 64 units, fresh
-connections) on one network, ``templates`` templates per cell, with real node
-processes, and reads the nodes' high-water marks after every episode (``counters``:
-``peak_connections``, ``peak_peer_connections``, ``peak_frame_objects``,
-``peak_install_records``, ``peak_install_bytes``). The table compares the largest
-value seen with the default of ``nodes.limits.Limits`` (docs/architecture.md, "Limits").
+Runs a preset's grid (default ``primary``: every policy; 5 agents, 8 keys, 64 units,
+fresh connections; ``artifact`` has the largest records) on one network, ``templates``
+templates per cell, with real node processes, and reads the nodes' high-water marks
+after every episode (``counters``: ``peak_connections``, ``peak_peer_connections``,
+``peak_frame_objects``, ``peak_install_records``, ``peak_install_bytes``,
+``peak_pre_auth_bytes``, ``peak_answer_bytes``, ``peak_peer_answer_bytes``). The table
+compares the largest value seen with the default of ``nodes.limits.Limits``
+(docs/architecture.md, "Limits").
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from protocols import wire
 from testbed.campaign.model import Cell, GroupKey
 from testbed.campaign.parse import PRESETS_PACKAGE, parse_campaign
 from testbed.campaign.workload import Schedule
+from testbed.errors import UserError
 from testbed.run.contract import DelegatingGroup, EpisodeResult
 from testbed.run.episode import EpisodeRunner, TeamGroup
 from testbed.run.loop import run_campaign
@@ -37,6 +40,10 @@ PEAKS = {  # counter -> (limit it is bounded by, default)
     "peak_frame_objects": ("MAX_OBJECTS (protocols.wire)", wire.MAX_OBJECTS),
     "peak_install_records": ("install_records_per_peer", Limits().install_records_per_peer),
     "peak_install_bytes": ("install_bytes_per_peer", Limits().install_bytes_per_peer),
+    "peak_pre_auth_bytes": ("pre_auth_bytes_per_source", Limits().pre_auth_bytes_per_source),
+    "peak_answer_bytes": ("answer_bytes_per_connection",
+                          Limits().answer_bytes_per_connection),
+    "peak_peer_answer_bytes": ("answer_bytes_per_peer", Limits().answer_bytes_per_peer),
 }
 
 
@@ -75,10 +82,13 @@ class _Runner:
 
 
 async def bench_limits(console: Console, *, network: str = "loopback",
-                       templates: int = 1, policies: Sequence[str] = ()) -> dict[str, Any]:
-    preset = resources.files(PRESETS_PACKAGE) / "presets" / "primary.toml"
-    raw = tomllib.loads(preset.read_text())
-    raw["name"] = f"limits-{network}"
+                       templates: int = 1, policies: Sequence[str] = (),
+                       preset: str = "primary") -> dict[str, Any]:
+    path = resources.files(PRESETS_PACKAGE) / "presets" / f"{preset}.toml"
+    if not path.is_file():
+        raise UserError(f"--preset: {preset!r} is not a preset")
+    raw = tomllib.loads(path.read_text())
+    raw["name"] = f"limits-{preset}-{network}"
     raw["templates"] = templates
     raw["grid"]["network"] = [network]
     if policies:
@@ -93,9 +103,10 @@ async def bench_limits(console: Console, *, network: str = "loopback",
                    "policy": peaks.where[name],
                    "headroom": round(default / peaks.peak[name], 1) if peaks.peak[name] else None}
             for name, (limit, default) in PEAKS.items()}
-    result = {"network": network, "templates": templates, "episodes": peaks.episodes,
+    result = {"preset": preset, "network": network, "templates": templates,
+              "episodes": peaks.episodes,
               "policies": list(campaign.config()["grid"][0]["policy"]), "peaks": rows}
-    table = Table(title=f"node limits vs primary on {network} ({peaks.episodes} episodes)")
+    table = Table(title=f"node limits vs {preset} on {network} ({peaks.episodes} episodes)")
     for h in ("counter", "limit", "default", "honest peak", "where", "headroom"):
         table.add_column(h)
     for name, row in rows.items():

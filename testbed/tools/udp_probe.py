@@ -130,6 +130,7 @@ def udp_stream(src: Host, dst: Host, *, count: int, per_burst: int = 1,
     drops_at: list[int] = []  # the socket's drop count when each arrival was queued
     send_times = [0.0] * count
     done = threading.Event()
+    stop = threading.Event()  # the receiver outlived its time: it must end before rx closes
     warmed = threading.Event()  # a warm-up datagram arrived: the path is resolved
     collecting = gc.isenabled()
     try:
@@ -148,7 +149,7 @@ def udp_stream(src: Host, dst: Host, *, count: int, per_burst: int = 1,
 
         def receive() -> None:
             last = 0.0
-            while len(arrivals) < count:
+            while len(arrivals) < count and not stop.is_set():
                 try:
                     data, ancillary, _, _ = rx.recvmsg(65536, cmsg_space)
                 except TimeoutError:
@@ -197,6 +198,9 @@ def udp_stream(src: Host, dst: Host, *, count: int, per_burst: int = 1,
         finished.append(time.monotonic())
         done.set()
         thread.join(wait_s + settle_s + 1.0)
+        if thread.is_alive():  # a starved receiver (a slow guest): end it, then close rx
+            stop.set()
+            thread.join()
         receiver_drops = _socket_drops(rx, drops_at)
     finally:
         if collecting:

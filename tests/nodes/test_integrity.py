@@ -1,16 +1,19 @@
-"""Measurement integrity against an attacker on the roster (issue 11), on real nodes.
+"""Measurement integrity against an attacker on the roster (issues 11 and 20), on real nodes.
 
 Each test names the defect it covers: a record or handshake replayed from another
 episode, a replayed hello held open, unauthenticated buffering, a connection flood,
-peer input answered as ``internal``. The attacker is the test process, acting as a
+peer input answered as ``internal``, answers piling up for a peer that does not read
+them, partial frames of replayed hellos holding memory (and keeping it afterwards). The attacker is the test process, acting as a
 roster member (``probe``) or as anyone who saw that member's handshake on the wire.
 """
 
 from __future__ import annotations
 
 import resource
+import socket
 import time
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ import pytest
 import trio
 
 from nodes.client import open_rpc_client
+from nodes.limits import Limits
 from nodes.rpc import call_fetch, call_heads, call_install
 from nodes.transport import Counters
 from protocols import wire
@@ -32,6 +36,7 @@ from testbed.run.verdict import build_head_log, judge_invalid
 AGENTS = ["a0", "a1"]
 OWNERS = key_owners(AGENTS, 2)  # a0: k000, a1: k001
 TARGET = "a0"
+PROBES = ["probe", "p1", "p2", "p3"]  # roster members with no process: the attacker
 
 
 async def _team(tmp_path: Path, limits: dict[str, Any] | None = None
@@ -39,9 +44,12 @@ async def _team(tmp_path: Path, limits: dict[str, Any] | None = None
     hosts = {a: (None, "127.0.0.1") for a in [*AGENTS, CENTRAL_ID]}
     async with open_team(agents=AGENTS, central=True, hosts=hosts, workdir=tmp_path,
                          campaign_seed=5, connection="reuse", policy="test_probe",
-                         owners=OWNERS, probes=["probe"], limits=limits,
+                         owners=OWNERS, probes=PROBES, limits=limits,
                          plugins=["tests.nodes.probe_policy"]) as t:
         yield t
+
+
+_limited_team = asynccontextmanager(_team)
 
 
 @pytest.fixture
@@ -289,3 +297,177 @@ async def test_peer_input_is_a_protocol_error_never_internal(team: Team, case: s
             pass
     assert frames == []  # closed as the peer's fault; no "internal" answer
     assert "internal" not in team.log_tail(target, 50)
+
+
+# --- bytes held for peers (issue 20) -----------------------------------------------------------
+MIB = 1024 * 1024
+BIG_CONTENT = 380 * 1024  # an artifact-size record: each fetch answer is this large
+
+
+def _vm_kib(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {field}")
+
+
+async def _session(team: Team, sender: str, *, rcvbuf: int = 4096
+                   ) -> tuple[trio.SocketStream, Any]:
+    """An authenticated raw connection as ``sender`` whose receive buffer is tiny (a
+    peer that does not read fills it at once)."""
+    member = team.roster.members[TARGET]
+    sock = trio.socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    await sock.connect((member.host, member.port))
+    stream = trio.SocketStream(sock)
+    initiator = ChannelInitiator(identity=team.identity(sender), roster=team.roster,
+                                 peer_id=TARGET)
+    await stream.send_all(wire.encode_frame(initiator.start()))
+    reply = await wire.read_frame(stream, wire.FrameDecoder(), exact=True)
+    assert reply is not None
+    return stream, initiator.finish(reply)
+
+
+async def _big_record(team: Team) -> Record:
+    record = make_record(team.identity("probe"), key="note/big", owner="probe", seq=1,
+                         parents=[], rtype="review", content=b"x" * BIG_CONTENT)
+    async with open_rpc_client(identity=team.identity("probe"), roster=team.roster,
+                               connection="reuse", counters=Counters()) as client:
+        assert await call_install(client, TARGET, [record]) == 1
+    return record
+
+
+async def _pipeline_fetches(stream: trio.SocketStream, session: Any, record: Record,
+                            count: int, first_id: int = 1) -> int:
+    """Send ``count`` fetch requests without reading a byte; how many went out before
+    the node closed the connection."""
+    for i in range(count):
+        body = msgpack.packb({"i": first_id + i, "m": "fetch", "p": {"id": record.id}},
+                             use_bin_type=True)
+        try:
+            with trio.fail_after(5):
+                await stream.send_all(wire.encode_frame(session.encrypt(body)))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return i
+    return count
+
+
+async def _closed_by_node(stream: trio.SocketStream) -> bool:
+    """The node closed ``stream`` (reads what it sent until the end)."""
+    with trio.fail_after(10):
+        try:
+            while await stream.receive_some(1 << 20):
+                pass
+        except trio.BrokenResourceError:
+            pass
+    return True
+
+
+async def test_answers_waiting_on_a_peer_that_does_not_read_are_bounded_per_connection(
+        tmp_path: Path) -> None:
+    """1500 pipelined fetches of a 380 KiB record, never read: without a byte bound the
+    node queued 570 MiB of answers (max_in_flight counts answers, not bytes)."""
+    async with _limited_team(tmp_path, {"answer_bytes_per_connection": 8 * MIB}) as team:
+        record = await _big_record(team)
+        pid = team.pid(TARGET)
+        assert pid is not None
+        rss_before = _vm_kib(pid, "VmRSS")
+        stream, session = await _session(team, "probe")
+        sent = await _pipeline_fetches(stream, session, record, 1500)
+        await _log_shows(team, TARGET, "(answer_bytes_per_connection)")
+        counters = await team.call(TARGET, "counters")
+        assert counters["rejected"] == 1
+        # The queue stopped at the cap (plus one answer and what the sockets hold),
+        # far below the 1500 answers asked for.
+        assert 8 * MIB < counters["peak_answer_bytes"] <= 8 * MIB + BIG_CONTENT + 4096
+        assert _vm_kib(pid, "VmHWM") - rss_before < 8 * 1024 + 48 * 1024
+        assert sent < 1500 or await _closed_by_node(stream)
+        await stream.aclose()
+        await _still_serves(team)
+
+
+async def _still_serves(team: Team) -> None:
+    """The node answers a member (and its control plane) after the attack."""
+    await team.call(TARGET, "seed", key="k000", content=b"v1")
+    async with open_rpc_client(identity=team.identity("a1"), roster=team.roster,
+                               connection="fresh", counters=Counters()) as client:
+        assert set(await call_heads(client, team.roster, TARGET, ["k000"])) == {"k000"}
+
+
+async def test_answers_waiting_on_a_peer_are_bounded_over_its_connections(
+        tmp_path: Path) -> None:
+    """The same peer on several connections, each under the connection cap: past the
+    peer's cap its connection holding the most is closed."""
+    async with _limited_team(tmp_path, {"answer_bytes_per_connection": 64 * MIB,
+                                        "answer_bytes_per_peer": 6 * MIB}) as team:
+        record = await _big_record(team)
+        streams = [await _session(team, "probe") for _ in range(4)]
+        for n, (stream, session) in enumerate(streams):
+            await _pipeline_fetches(stream, session, record, 8, first_id=1 + 100 * n)
+        await _log_shows(team, TARGET, "exceed answer_bytes_per_peer")
+        counters = await team.call(TARGET, "counters")
+        assert counters["rejected"] >= 1
+        assert counters["peak_peer_answer_bytes"] <= 6 * MIB + BIG_CONTENT + 4096
+        for stream, _ in streams:
+            await stream.aclose()
+        await _still_serves(team)
+
+
+async def _hello_flood(team: Team, count: int, *, sources: int = 1) -> None:
+    """``count`` connections, each a replayed hello (of one of four members, so the
+    per-peer connection cap does not stop it first) and most of a 1 MiB frame that
+    never completes; from ``sources`` loopback addresses. Closed again at the end."""
+    hellos = [ChannelInitiator(identity=team.identity(p), roster=team.roster,
+                               peer_id=TARGET).start() for p in PROBES]
+    member = team.roster.members[TARGET]
+    partial = MIB.to_bytes(4, "big") + b"\x01" * (MIB - 1)
+    streams = []
+    try:
+        for i in range(count):
+            sock = trio.socket.socket()
+            if sources > 1:
+                await sock.bind((f"127.0.0.{2 + i % sources}", 0))
+            await sock.connect((member.host, member.port))
+            stream = trio.SocketStream(sock)
+            streams.append(stream)
+            try:
+                with trio.fail_after(5):
+                    await stream.send_all(wire.encode_frame(hellos[i % len(hellos)]))
+                    await stream.send_all(partial)
+            except (trio.BrokenResourceError, trio.TooSlowError):
+                pass  # closed by the node (or held back): the next one
+        await trio.sleep(1.0)
+    finally:
+        for stream in streams:
+            await trio.aclose_forcefully(stream)
+
+
+async def test_partial_frames_of_replayed_hellos_are_bounded_per_source(team: Team) -> None:
+    """512 replayed hellos, each with a 1 MiB partial frame, from one address and no key:
+    without a bound the node held them all (hundreds of MiB, most of it kept after)."""
+    pid = team.pid(TARGET)
+    assert pid is not None
+    rss_before = _vm_kib(pid, "VmRSS")
+    await _hello_flood(team, 512)
+    cap_kib = Limits().pre_auth_bytes_per_source // 1024
+    assert _vm_kib(pid, "VmHWM") - rss_before < cap_kib + 48 * 1024
+    counters = await team.call(TARGET, "counters")
+    assert cap_kib * 1024 < counters["peak_pre_auth_bytes"] <= cap_kib * 1024 + 2 * MIB
+    await _log_shows(team, TARGET, "hold more than pre_auth_bytes_per_source")
+    await _still_serves(team)
+
+
+async def test_memory_held_by_a_flood_of_partial_frames_is_returned(tmp_path: Path) -> None:
+    """1024 such connections from 64 addresses (each within its source's bound, so the
+    node holds hundreds of MiB at once), closed by the node's first-frame timeout while
+    the flood goes on: once it is over, the node's memory is back within 64 MiB of where
+    it started. (Without returning it, 167 of 364 MiB stayed resident: freed buffers the
+    allocator keeps in its heaps.)"""
+    async with _limited_team(tmp_path, {"first_frame_timeout_s": 5}) as team:
+        pid = team.pid(TARGET)
+        assert pid is not None
+        rss_before = _vm_kib(pid, "VmRSS")
+        await _hello_flood(team, 1024, sources=64)
+        assert _vm_kib(pid, "VmHWM") - rss_before > 96 * 1024  # it did hold a lot
+        await trio.sleep(2)
+        assert _vm_kib(pid, "VmRSS") - rss_before < 64 * 1024

@@ -1,11 +1,13 @@
-"""The limit settings and the rate-limited log (pure)."""
+"""The limit settings, the bytes held per connection and group, the rate-limited log (pure)."""
 
 from __future__ import annotations
 
 import logging
+from typing import Literal
 
 import pytest
 
+from nodes.holdings import Holding
 from nodes.limits import Limits, LimitsError, RateLimitedLog
 from protocols.identity import Identity
 
@@ -50,3 +52,73 @@ def test_pre_request_timeouts_cover_the_calls_rpc_timeout() -> None:
     fast = Limits.for_rpc_timeout(2)
     assert (fast.handshake_timeout_s, fast.first_frame_timeout_s) == (10.0, 10.0)
     assert slow.override({"first_frame_timeout_s": 1}).first_frame_timeout_s == 1.0
+
+
+# --- bytes held for peers (nodes/holdings.py) ------------------------------------------------
+class _Conn:
+    def __init__(self, group: str) -> None:
+        self.group = group
+        self.bytes = 0
+        self.detached = False
+
+
+def _holding(order: Literal["oldest", "largest"], *, per_connection: int | None = None,
+             per_group: int = 100) -> Holding:
+    return Holding("bytes", lambda c: c.group, per_connection=per_connection,
+                   per_group=per_group, order=order, detached=lambda c: c.detached)
+
+
+def test_past_a_group_cap_the_oldest_partial_frames_go_first() -> None:
+    holding = _holding("oldest")
+    conns = [_Conn("10.0.0.1") for _ in range(4)] + [_Conn("10.0.0.2")]
+    for conn in conns:
+        holding.set(conn, 30)
+    assert holding.total("10.0.0.1") == 120
+    assert holding.total("10.0.0.2") == 30
+    newest = conns[3]
+    assert holding.to_close(newest, conns) == [conns[0]]  # 120 - 30 <= 100
+    holding.set(newest, 90)  # the one being served: the others first, it last
+    assert holding.to_close(newest, conns) == [conns[0], conns[1], conns[2]]
+    holding.set(newest, 101)
+    assert holding.to_close(newest, conns)[-1] is newest
+    assert holding.to_close(conns[4], conns) == []  # another source is not touched
+
+
+def test_past_a_peer_cap_its_connection_holding_the_most_goes() -> None:
+    holding = _holding("largest", per_connection=80)
+    reader, hog, current = _Conn("a1"), _Conn("a1"), _Conn("a1")
+    conns = [reader, hog, current]
+    holding.set(reader, 5)
+    holding.set(hog, 70)
+    holding.set(current, 30)
+    assert holding.to_close(current, conns) == [hog]
+    holding.set(current, 81)  # past the connection's own cap
+    assert holding.to_close(current, conns) == [current]
+
+
+def test_a_detached_connection_stops_counting_and_releases_are_exact() -> None:
+    holding = _holding("largest")
+    a, b = _Conn("a1"), _Conn("a1")
+    holding.set(a, 60)
+    holding.set(b, 50)
+    assert holding.to_close(b, [a, b]) == [a]
+    holding.detach(a)
+    a.detached = True
+    assert holding.total("a1") == 50
+    assert holding.to_close(b, [a, b]) == []
+    holding.change(a, -20)  # its tasks let go later: only itself changes
+    holding.release(a)
+    assert holding.total("a1") == 50
+    assert a.bytes == 0
+    holding.release(b)
+    assert holding.totals == {}
+
+
+def test_byte_caps_are_limits_settings() -> None:
+    limits = Limits().override({"pre_auth_bytes_per_source": 1 << 20,
+                                "answer_bytes_per_connection": 1 << 21,
+                                "answer_bytes_per_peer": 1 << 22})
+    assert (limits.pre_auth_bytes_per_source, limits.answer_bytes_per_connection,
+            limits.answer_bytes_per_peer) == (1 << 20, 1 << 21, 1 << 22)
+    with pytest.raises(LimitsError, match="answer_bytes_per_peer: 0"):
+        Limits().override({"answer_bytes_per_peer": 0})

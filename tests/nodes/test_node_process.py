@@ -235,7 +235,9 @@ async def test_sigterm_closes_cleanly(tmp_path: Path) -> None:
                     assert proc.returncode is None
                     await trio.sleep(0.02)
                 client = await ControlClient.connect(str(sock))
-                assert (await client.request("ping")) == {"ok": True, "agent_id": None}
+                pong = await client.request("ping")
+                assert pong.pop("t_ns") > 0  # when it handled the ping (liveness stamps)
+                assert pong == {"ok": True, "agent_id": None}
                 await client.aclose()
                 proc.send_signal(signal.SIGTERM)
                 await proc.wait()

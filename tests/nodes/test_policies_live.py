@@ -29,7 +29,7 @@ from protocols.identity import CENTRAL_ID
 from protocols.policies import register
 from protocols.policies.centralized_lineage import CentralizedLineage
 from protocols.policies.planfence import PlanFence
-from testbed.run.team import Team, key_owners, open_team
+from testbed.run.team import NodeOpError, Team, key_owners, open_team
 
 PLUGIN = "tests.nodes.test_policies_live"
 LIAR = "liar"
@@ -97,7 +97,8 @@ AGENTS = ["a0", "a1", "a2"]
 OWNERS = key_owners(AGENTS, 4)  # a0: k000 k003, a1: k001, a2: k002
 FRESHNESS = ["local_replica", "owner_head_freshness"]
 DERIVATION = ["centralized_lineage", "metadata_sync", "per_key_all_key", "batched_all_key",
-              "all_replica", "majority_replica", "planfence", "planfence_grouped", "adaptive"]
+              "all_replica", "majority_replica", "planfence", "planfence_grouped", "adaptive",
+              "planfence_budget"]  # b = all by default
 
 
 @pytest.fixture
@@ -161,6 +162,24 @@ async def test_stale_plan_race_on_real_nodes(team: Team) -> None:
             assert act["inputs"] == {"k000": update["head"]["id"]}, policy
             assert act["issued_roots"] != [plan["root"]], policy
             assert not await invalid(team, act), policy
+
+
+@pytest.mark.parametrize(("budget", "replans"),
+                         [("b=0", 0), ("b=1/ranking=critical_first", 1)])
+async def test_a_budget_checks_the_critical_input_the_act_op_names(
+        team: Team, budget: str, replans: int) -> None:
+    plan = await start_episode(team, f"planfence_budget/{budget}")
+    await team.call("a0", "update", key="k000", content=b"k000-v2")
+    await end_unit(team, 0)
+    with pytest.raises(NodeOpError, match="critical: must be one of the action's keys"):
+        await team.call("a2", "act", action="ship", roots=[plan["root"]], keys=["k000"],
+                        critical="k001")
+    act = await team.call("a2", "act", action="ship", roots=[plan["root"]], keys=["k000"],
+                          critical="k000")
+    assert act["outcome"] == "released"
+    assert act["replans"] == replans
+    assert (act["bytes"] == 0) == (replans == 0)
+    assert await invalid(team, act) == (replans == 0)
 
 
 @pytest.mark.parametrize("k", [2, 4])

@@ -25,7 +25,8 @@ from tests.protocols.memory_env import MemoryTeam
 FRESHNESS = ["local_replica", "owner_head_freshness"]
 DERIVATION = ["centralized_lineage", "centralized_lineage_own_local", "metadata_sync",
               "per_key_all_key", "batched_all_key", "all_replica", "majority_replica",
-              "planfence", "planfence_grouped", "adaptive"]
+              "planfence", "planfence_grouped", "adaptive",
+              "planfence_budget"]  # b = all by default (tests/protocols/test_budget.py)
 STANDINS = ["session_read_set", "inherited_version_set"]  # tests/protocols/test_standins.py
 
 
@@ -140,6 +141,7 @@ EVIDENCE_SOURCE = {
     "planfence": "a0",
     "planfence_grouped": "a0",
     "adaptive": "a0",
+    "planfence_budget": "a0",
 }
 
 
@@ -281,6 +283,7 @@ def per_pass_requests(policy: str, team: MemoryTeam, executor: str,
         "local_replica": 0,
         "owner_head_freshness": len(remote),
         "planfence": len(remote),
+        "planfence_budget": len(remote),
         "planfence_grouped": len({roster.owner_of(k) for k in remote}),
         "per_key_all_key": len([k for k in roster.keys if roster.owner_of(k) != executor]),
         "batched_all_key": len(owners_all),

@@ -37,7 +37,7 @@ def test_presets_all_load_with_the_documented_sizes() -> None:
     assert sizes == {"demo": 60, "primary": 390, "rates": 2880, "scope": 1200,
                      "density": 270, "reuse": 900, "teams": 72, "horizon": 27,
                      "replanning": 1560, "handoff": 270, "batches": 600, "artifact": 320,
-                     "selector": 1134}
+                     "budget": 1020, "selector": 1134}
 
 
 def test_demo_preset_matches_the_issue() -> None:
@@ -61,8 +61,8 @@ def test_load_by_path_equals_parse(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("arg", "message"), [
     ("nosuch", "campaign: 'nosuch' is neither a file nor a preset; presets: artifact, "
-               "batches, demo, density, handoff, horizon, primary, rates, replanning, reuse, "
-               "scope, selector, teams"),
+               "batches, budget, demo, density, handoff, horizon, primary, rates, replanning, "
+               "reuse, scope, selector, teams"),
     ("missing/x.toml", "campaign: 'missing/x.toml' is file not found; presets: artifact,"),
 ])
 def test_unknown_campaign_lists_presets(arg: str, message: str) -> None:
@@ -84,8 +84,10 @@ _BAD = [
                              "centralized_lineage_own_local, inherited_version_set, "
                              "local_replica, majority_replica, metadata_sync, "
                              "owner_head_freshness, per_key_all_key, planfence, "
-                             "planfence_grouped, session_read_set, metadata_sync/K "
-                             "with K in 1, 2, 4, 8, 16"),
+                             "planfence_budget, planfence_grouped, session_read_set, "
+                             "metadata_sync/K with K in 1, 2, 4, 8, 16, "
+                             "planfence_budget/FIELD=VALUE with FIELD in b, ranking, "
+                             "loss_ms, seed"),
     ('policy = ["metadata_sync/3"]', "grid.policy: 'metadata_sync/3' is not allowed;"),
     ('policy = ["planfence/2"]', "grid.policy: 'planfence/2' is not allowed;"),
     ('connection = ["pooled"]', "grid.connection: 'pooled' is not allowed; allowed: fresh, "

@@ -220,3 +220,48 @@ def test_direct_and_template_schedules_differ_only_in_the_plans_depth() -> None:
         assert [e for e in direct.events if not hasattr(e, "depth")] == \
             [e for e in old.events if not hasattr(e, "depth")]
         assert (direct.digest == old.digest) == (describe_template(t).depth == 0)
+
+
+# --- the declared critical input (rule 7) ----------------------------------------------------
+
+# Digests recorded on main (3954dff) before actions declared a critical input: the
+# declaration takes nothing from the schedule's stream and is not part of the digest.
+_DIGESTS_BEFORE_CRITICAL = {
+    ("reservation-01", 4.0, 1): "fa6d1b5b9bf8c27259490bf497e5ec43",
+    ("fulfillment-02", 1.0, 4): "e4ac8a2c712dacabc9486e8b6f23befa",
+    ("deployment-03", 0.25, 2): "9f023a535b3ce2b76a858dea5db8914f",
+}
+
+
+@pytest.mark.parametrize(("template", "rho", "deps"), sorted(_DIGESTS_BEFORE_CRITICAL))
+def test_declaring_critical_inputs_left_every_schedule_as_it_was(
+        template: str, rho: float, deps: int) -> None:
+    s = generate_schedule(seed=20260101, family=template_family(template), template=template,
+                          rho=rho, deps=deps)
+    assert s.digest == _DIGESTS_BEFORE_CRITICAL[(template, rho, deps)]
+    assert all(a.critical for a in s.acts())
+
+
+def test_every_action_declares_one_of_its_inputs_critical_from_the_seed() -> None:
+    s = _schedule(deps=4, rho=1)
+    assert all(a.critical in a.keys for a in s.acts())
+    assert [a.critical for a in s.acts()] == [a.critical for a in _schedule(deps=4, rho=1).acts()]
+    other = _schedule(deps=4, rho=1, seed=8)
+    assert [a.critical for a in other.acts()] != [a.critical for a in s.acts()]
+    # Spread over the declared keys (its own draw), not always the first or the last.
+    picks = [a.keys.index(a.critical) for t in template_ids()[:10]
+             for a in _schedule(deps=4, rho=1, template=t,
+                                family=template_family(t)).acts()]
+    assert set(picks) == {0, 1, 2, 3}
+
+
+def test_the_critical_input_is_not_the_key_the_relevant_update_writes() -> None:
+    """Rule 7: the declaration is independent of the updates (about 1 in d agree)."""
+    agree = total = 0
+    for t in template_ids():
+        s = _schedule(deps=4, rho=1, template=t, family=template_family(t))
+        for _, act, between in _windows(s).values():
+            relevant = [u.key for u in between if u.key in act.keys]
+            total += 1
+            agree += act.critical in relevant
+    assert 0.1 < agree / total < 0.45

@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -193,3 +194,28 @@ def test_a_dead_holder_does_not_pin_the_root_sysctl(tmp_path: Path, missing_cc: 
     finally:
         live.teardown()
         crashed.teardown()
+
+
+def test_cleaners_that_start_at_once_take_turns(tmp_path: Path) -> None:
+    """`clean`, --resume and every dask worker that starts clean dead runs; several at
+    once (two workers of a cluster starting together) must not trip over one another."""
+    state = tmp_path / "state"
+    dead = ledger_mod.Ledger(ledger_mod.new_prefix(), owner_pid=_dead_pid(), state_dir=state)
+    for _ in range(150):
+        dead.new_tmpdir("planfence", tmp_path)  # every entry undone rewrites the ledger
+    errors: list[BaseException] = []
+
+    def clean() -> None:
+        try:
+            ledger_mod.clean_dead_runs(state)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=clean) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert not list(state.glob("tb*"))
+    assert not list(tmp_path.glob("planfence-tb*"))

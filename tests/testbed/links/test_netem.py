@@ -13,6 +13,7 @@ import pytest
 import trio
 import trio.testing
 
+from testbed.host.ledger import new_prefix
 from testbed.links.backend import LinkHost
 from testbed.links.netem import NetemBackend, netem_available, open_netem_links, probe_qdisc
 from testbed.links.netem_plan import (
@@ -247,7 +248,7 @@ def _leftovers(prefix: str) -> list[str]:
 def test_netem_probe_reports_errno_and_cleans_up() -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root to create a scratch namespace")
-    prefix = f"tbt{os.getpid() % 100000}"
+    prefix = new_prefix()  # random: never another run's
     ok, detail = netem_available(prefix=prefix)
     assert detail
     if not ok:
@@ -259,7 +260,7 @@ def test_netem_probe_reports_errno_and_cleans_up() -> None:
 def test_probe_accepts_a_builtin_qdisc() -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root to create a scratch namespace")
-    prefix = f"tbp{os.getpid() % 100000}"
+    prefix = new_prefix()
     ok, detail = probe_qdisc("pfifo", {"limit": 10}, prefix=prefix)
     if not ok and "scratch namespace" in detail:
         pytest.skip(f"cannot create a scratch namespace here: {detail}")
@@ -315,7 +316,7 @@ def _exchange(names: list[str]) -> list[float]:
 async def test_fixed_20ms_round_trip_over_netem(netem_ready: None) -> None:
     from testbed.host.kernel import create_netns, remove_netns
 
-    prefix = f"tbn{os.getpid() % 10000}"
+    prefix = new_prefix()[:7]  # + "h0": interface-name room
     names = [f"{prefix}h0", f"{prefix}h1"]
     hosts = [LinkHost("a0", names[0], "198.18.0.1"), LinkHost("a1", names[1], "198.18.0.2")]
     for name in names:

@@ -12,7 +12,7 @@ from testbed.links.profiles import get_profile
 from testbed.links.userspace import UserspaceLinks
 from testbed.net.topology import open_topology
 from testbed.tools.echo_probe import open_echo_server, timed_exchanges
-from tests.leftovers import run_objects
+from tests.leftovers import watch_runs
 
 
 def _privileged() -> None:
@@ -25,7 +25,6 @@ def _privileged() -> None:
 @pytest.mark.privileged
 async def test_topologies_share_one_emulator_with_their_own_links_and_counters() -> None:
     _privileged()
-    before = run_objects()
     delays = {"slow": 20.0, "fast": 5.0}
     pids: dict[str, int] = {}
     rtts: dict[str, list[float]] = {}
@@ -48,9 +47,10 @@ async def test_topologies_share_one_emulator_with_their_own_links_and_counters()
                 _, rtts[name] = await timed_exchanges(a, b, 200, 200, count=5, fresh=False)
             counters[name] = await topo.link_counters()
 
-    async with trio.open_nursery() as nursery:
-        for name in delays:
-            nursery.start_soon(lane, name)
+    with watch_runs() as runs:
+        async with trio.open_nursery() as nursery:
+            for name in delays:
+                nursery.start_soon(lane, name)
     assert pids["slow"] == pids["fast"], "each topology started an emulator of its own"
     # physics per group: four crossings of each topology's own delay
     assert min(rtts["slow"]) >= 80.0
@@ -67,7 +67,8 @@ async def test_topologies_share_one_emulator_with_their_own_links_and_counters()
             and trio.current_time() < deadline:
         await trio.sleep(0.1)
     assert processes.process_start_ticks(pids["slow"]) is None
-    assert run_objects() - before == set()
+    assert len(runs.prefixes) >= 2, "the watch did not see the topologies' ledgers"
+    assert runs.leftovers() == set()
 
 
 @pytest.mark.privileged

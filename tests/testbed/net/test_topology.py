@@ -21,7 +21,7 @@ from testbed.links.userspace import UserspaceLinks, tun_name
 from testbed.net.plan import TopologyError, plan_topology
 from testbed.net.topology import Network, open_topology
 from testbed.tools.echo_probe import open_echo_server, timed_exchanges
-from tests.leftovers import prefix_objects
+from tests.leftovers import prefix_objects, watch_runs
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -73,13 +73,13 @@ def test_bad_input_names_the_field(agents: list[str], kwargs: dict[str, object],
 
 
 async def test_loopback_topology_creates_nothing() -> None:
-    before = kernel.list_netns()
-    async with open_topology(get_profile("loopback"), ["a", "b"]) as topo:
-        assert topo.backend == "none"
-        assert topo.hosts["a"].netns is None
-        assert kernel.list_netns() == before
-        assert (await topo.link_counters())["b"]["up_bytes"] == 0
-        assert topo.describe()["backend"] == "none"
+    with watch_runs() as runs:
+        async with open_topology(get_profile("loopback"), ["a", "b"]) as topo:
+            assert topo.backend == "none"
+            assert topo.hosts["a"].netns is None
+            assert (await topo.link_counters())["b"]["up_bytes"] == 0
+            assert topo.describe()["backend"] == "none"
+    assert runs.prefixes == set()  # no ledger: nothing recorded, so nothing created
 
 
 # ---------------------------------------------------------------- privileged

@@ -34,8 +34,9 @@ SMALL: dict[str, Any] = {
 UNSAFE = {"local_replica", "owner_head_freshness"}
 
 
-class SimulatedCrash(Exception):
-    """Stands for the controller dying mid-episode (in-process variant)."""
+class SimulatedCrash(BaseException):
+    """Stands for the controller dying mid-episode (in-process variant): like a
+    KeyboardInterrupt, no Exception, so no unit contains it (testbed.run.failures)."""
 
 
 class FakeGroup:

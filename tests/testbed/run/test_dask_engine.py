@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,10 +25,10 @@ from testbed.campaign.model import episode_key
 from testbed.campaign.parse import parse_campaign
 from testbed.errors import UserError
 from testbed.host import kernel
-from testbed.run.dask_engine import open_dask_engine, parse_cluster
+from testbed.run.dask_engine import CANCEL_WAIT_S, open_dask_engine, parse_cluster
 from testbed.run.episode import EpisodeRunner
 from testbed.run.loop import run_campaign
-from tests.leftovers import run_objects
+from tests.leftovers import watch_runs
 
 REPO = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
@@ -76,14 +75,14 @@ def test_cluster_specs_are_checked() -> None:
 async def test_a_local_cluster_gives_the_results_of_a_local_run(tmp_path: Path) -> None:
     _needs_root()
     campaign = parse_campaign(SMALL)
-    before = run_objects()
-    await run_campaign(campaign, tmp_path / "local", resume=False, console=_quiet(),
-                       runner=EpisodeRunner(campaign))
-    async with open_dask_engine("local:2") as engine:
-        await engine.survey(campaign)
-        assert len(engine.workers) == 2
-        await run_campaign(campaign, tmp_path / "dask", resume=False, console=_quiet(),
-                           engine=engine)
+    with watch_runs() as runs:
+        await run_campaign(campaign, tmp_path / "local", resume=False, console=_quiet(),
+                           runner=EpisodeRunner(campaign))
+        async with open_dask_engine("local:2") as engine:
+            await engine.survey(campaign)
+            assert len(engine.workers) == 2
+            await run_campaign(campaign, tmp_path / "dask", resume=False, console=_quiet(),
+                               engine=engine)
     local, dask = _traffic(tmp_path / "local"), _traffic(tmp_path / "dask")
     assert list(local.index) == list(dask.index)  # the same episode keys
     pd.testing.assert_frame_equal(local, dask)  # same schedules, byte-identical traffic
@@ -96,7 +95,8 @@ async def test_a_local_cluster_gives_the_results_of_a_local_run(tmp_path: Path) 
     manifest = (tmp_path / "dask" / "manifest.json").read_text()
     assert '"engine": "dask"' in manifest
     assert '"backend_auto"' in manifest
-    assert run_objects() - before == set()
+    assert runs.prefixes, "the watch saw none of the runs' ledgers"
+    assert runs.leftovers() == set()
 
 
 async def _wait_for_processing(client: Any) -> str:
@@ -115,30 +115,30 @@ async def test_a_killed_worker_loses_and_duplicates_nothing(tmp_path: Path) -> N
     _needs_root()
     campaign = parse_campaign(SLOW)
     out = tmp_path / "out"
-    before = run_objects()
-    async with open_dask_engine("local:2") as engine:
-        await engine.survey(campaign)
-        client = engine.client
-        async with trio.open_nursery() as nursery:
-            async def kill_one() -> None:
-                address = await _wait_for_processing(client)
-                await trio.sleep(1.0)  # mid-unit: its topology is up, episodes running
-                pids = await trio.to_thread.run_sync(
-                    lambda: client.run(os.getpid, workers=[address]))
-                os.kill(int(pids[address]), signal.SIGKILL)
+    with watch_runs() as runs:
+        async with open_dask_engine("local:2") as engine:
+            await engine.survey(campaign)
+            client = engine.client
+            async with trio.open_nursery() as nursery:
+                async def kill_one() -> None:
+                    address = await _wait_for_processing(client)
+                    await trio.sleep(1.0)  # mid-unit: its topology is up, episodes running
+                    pids = await trio.to_thread.run_sync(
+                        lambda: client.run(os.getpid, workers=[address]))
+                    os.kill(int(pids[address]), signal.SIGKILL)
 
-            nursery.start_soon(kill_one)
-            await run_campaign(campaign, out, resume=False, console=_quiet(), engine=engine)
+                nursery.start_soon(kill_one)
+                await run_campaign(campaign, out, resume=False, console=_quiet(),
+                                   engine=engine)
     episodes = pd.read_parquet(out / "episodes.parquet")
     keys = sorted(episode_key(c, t) for c, t in campaign.episodes())
     assert sorted(episodes["episode"]) == keys  # none lost, none duplicated
     assert not episodes["aborted"].any(), episodes["abort_reason"].tolist()
     actions = pd.read_parquet(out / "actions.parquet")
     assert not actions.duplicated(["episode", "action"]).any()
-    deadline = time.monotonic() + 15  # the restarted worker cleans what the dead one left
-    while run_objects() - before and time.monotonic() < deadline:
-        await trio.sleep(0.5)
-    assert run_objects() - before == set()
+    # the restarted worker cleans what the dead one left
+    assert runs.prefixes, "the watch saw none of the runs' ledgers"
+    assert await trio.to_thread.run_sync(runs.wait_clean) == set()
 
 
 @pytest.mark.slow
@@ -150,30 +150,39 @@ async def test_cancelling_leaves_nothing_on_the_workers(
     private_tmp = tmp_path / "worker-tmp"  # the workers' TMPDIR: only their files land here
     private_tmp.mkdir()
     monkeypatch.setenv("TMPDIR", str(private_tmp))
-    before = run_objects()
     seen: list[str] = []
+    with watch_runs() as runs:
+        await _cancel_mid_run(campaign, tmp_path, private_tmp, seen)
+    assert runs.prefixes, "the watch saw none of the runs' ledgers"
+    assert runs.leftovers() == set()
+    assert seen, "the workers' temporary directories were not where the test looks"
+    assert list(private_tmp.iterdir()) == []
+
+
+async def _cancel_mid_run(campaign: Any, tmp_path: Path, private_tmp: Path,
+                          seen: list[str]) -> None:
     async with open_dask_engine("local:2") as engine:
         client = engine.client
         worker_pids = list((await trio.to_thread.run_sync(client.run, os.getpid)).values())
-        owners = {int(pid) for pid in worker_pids}
-        with trio.move_on_after(60) as scope:
-            async with trio.open_nursery() as nursery:
-                async def cancel_soon() -> None:
-                    await _wait_for_processing(client)
-                    await trio.sleep(1.5)
-                    seen.extend(p.name for p in private_tmp.iterdir())
-                    nursery.cancel_scope.cancel()  # what Ctrl-C does to the run
+        cancelled_at: list[float] = []
+        async with trio.open_nursery() as nursery:
+            async def cancel_soon() -> None:
+                await _wait_for_processing(client)
+                await trio.sleep(1.5)
+                seen.extend(os.listdir(private_tmp))
+                cancelled_at.append(trio.current_time())
+                nursery.cancel_scope.cancel()  # what Ctrl-C does to the run
 
-                nursery.start_soon(cancel_soon)
-                await run_campaign(campaign, tmp_path / "out", resume=False,
-                                   console=_quiet(), engine=engine)
-        assert not scope.cancelled_caught, "the cancel did not stop the run"
+            nursery.start_soon(cancel_soon)
+            await run_campaign(campaign, tmp_path / "out", resume=False,
+                               console=_quiet(), engine=engine)
+        assert cancelled_at, "the run ended before it was cancelled"
+        # the engine waits up to CANCEL_WAIT_S for the workers' units to tear down
+        stopped_s = trio.current_time() - cancelled_at[0]
+        assert stopped_s < CANCEL_WAIT_S + 30, f"the cancel took {stopped_s:.0f} s"
         children = [c for pid in worker_pids
                     for c in psutil.Process(int(pid)).children(recursive=True)]
         assert children == [], [c.cmdline() for c in children]
-    assert run_objects(owners) - before == set()
-    assert seen, "the workers' temporary directories were not where the test looks"
-    assert list(private_tmp.iterdir()) == []
 
 
 def _free_port() -> int:

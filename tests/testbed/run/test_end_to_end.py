@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 
 from testbed.results.schema import ACTION_COLUMNS, EPISODE_COLUMNS
-from tests.leftovers import run_objects
+from tests.leftovers import watch_runs
 
 REQUIRED_ACTION_COLUMNS = (
     "campaign", "cell", "episode", "policy", "network", "backend", "trace_offset_s",
@@ -161,12 +161,14 @@ def test_parallel_lanes_then_extend_on_real_topologies(tmp_path: Path) -> None:
     grows by a template with --extend: every episode once, none aborted, physics intact,
     and nothing left behind in the kernel."""
     network = "fixed" if _is_root() and Path("/dev/net/tun").exists() else "loopback"
-    before = run_objects()
     campaign = _write_campaign(tmp_path / "lanes.toml", "lanes", [network], 2,
                                ["owner_head_freshness", "planfence"])
     out = tmp_path / "out"
-    proc = _testbed("run", str(campaign), "--out", str(out), "--jobs", "2", cwd=tmp_path)
+    with watch_runs() as runs:
+        proc = _testbed("run", str(campaign), "--out", str(out), "--jobs", "2", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert runs.prefixes, "the watch saw none of the run's ledgers"
+    assert runs.leftovers() == set(), "a lane left something behind"
     first = pd.read_parquet(out / "episodes.parquet")
     assert len(first) == 4
 
@@ -175,8 +177,9 @@ def test_parallel_lanes_then_extend_on_real_topologies(tmp_path: Path) -> None:
     refused = _testbed("run", str(grown), "--out", str(out), "--resume", cwd=tmp_path)
     assert refused.returncode != 0
     assert "--extend" in refused.stderr
-    proc = _testbed("run", str(grown), "--out", str(out), "--extend", "--jobs", "2",
-                    cwd=tmp_path)
+    with watch_runs() as runs:
+        proc = _testbed("run", str(grown), "--out", str(out), "--extend", "--jobs", "2",
+                        cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     episodes = pd.read_parquet(out / "episodes.parquet")
     actions = pd.read_parquet(out / "actions.parquet")
@@ -193,7 +196,8 @@ def test_parallel_lanes_then_extend_on_real_topologies(tmp_path: Path) -> None:
     if network == "fixed":
         stall = episodes[episodes["policy"] == "planfence"]["stall_ms_per_action"]
         assert (stall > 20).all(), stall.tolist()
-    assert run_objects() - before == set(), "a lane left a namespace behind"
+    assert runs.prefixes, "the watch saw none of the run's ledgers"
+    assert runs.leftovers() == set(), "a lane left something behind"
 
 
 def test_bad_campaign_file_gives_one_line_error(tmp_path: Path) -> None:

@@ -10,8 +10,6 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from testbed.host import kernel
-from testbed.host import ledger as ledger_mod
 from testbed.tools.doctor import (
     CHECK_NAMES,
     Check,
@@ -20,41 +18,20 @@ from testbed.tools.doctor import (
     render_doctor,
     run_doctor,
 )
+from tests.leftovers import watch_runs
 from tests.privileges import as_nobody
 
 REPO = Path(__file__).resolve().parents[3]
 
 
-def _run_objects() -> set[str]:
-    """Every namespace, link and ledger file named with a run prefix (``tb``...)."""
-    names = {f"netns {n}" for n in kernel.list_netns() if n.startswith("tb")}
-    names |= {f"link {n}" for n in kernel.list_links() if n.startswith("tb")}
-    names |= {f"ledger {p.name}" for p in ledger_mod.STATE_DIR.glob("tb*.json")}
-    return names
-
-
-def _others_live_prefixes() -> set[str]:
-    """Prefixes of runs owned by another live process: other sessions on the same host
-    may run campaigns meanwhile (each records its prefix in a ledger before it creates
-    anything); the doctor's own scratch ledgers are owned by this process."""
-    live = set()
-    for path in ledger_mod.STATE_DIR.glob("tb*.json"):
-        try:
-            owner = ledger_mod.Ledger.load(path)
-        except (OSError, ValueError, KeyError):
-            continue
-        if owner.owner_pid != os.getpid() and owner.owner_alive():
-            live.add(owner.prefix)
-    return live
-
-
 def _doctor_leaves_nothing(run: Any) -> Any:
-    before = _run_objects()
-    result = run()
-    others = _others_live_prefixes()
-    left = {n for n in _run_objects() - before
-            if not any(n.split(" ", 1)[1].startswith(p) for p in others)}
-    assert left == set()
+    """Run the doctor; nothing its probes recorded (scratch ledgers of this process)
+    may remain. Other runs on the host are not looked at (tests/leftovers.py)."""
+    with watch_runs() as runs:
+        result = run()
+    if os.geteuid() == 0:
+        assert runs.prefixes, "the watch saw none of the probes' ledgers"
+    assert runs.leftovers() == set()
     return result
 
 

@@ -1,0 +1,87 @@
+"""How long a team's node processes may take to start on this host: measured, not fixed.
+
+Rules:
+
+1. Starting a node is an interpreter start plus the node's imports, and both scale with
+   the host: this machine takes about 0.4 s, the VM lane's TCG guest 5-10 s, and either
+   far more while other work keeps the CPUs busy. A fixed limit (it was 30 s) is either
+   too long for a dead node or too short for a slow host, so the limit is a multiple of
+   a start measured here and now: ``measure_start_s`` times ``python -c "import
+   nodes.node"`` in the environment the nodes get.
+2. ``startup_timeout_s(probe_s, members, cpus)`` (pure): the members start at once and
+   share the CPUs, so the probe is scaled by members / cpus (at least 1), multiplied
+   by :data:`STARTUP_FACTOR`, and kept between :data:`STARTUP_FLOOR_S` and
+   :data:`STARTUP_CAP_S`.
+3. A measurement serves this process for :data:`MEASUREMENT_TTL_S`; a team that failed
+   to start drops it (:func:`forget_measurement`), so its retry is timed against the
+   host as it is then.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+
+import trio
+
+STARTUP_FACTOR = 5.0
+STARTUP_FLOOR_S = 15.0
+STARTUP_CAP_S = 600.0
+MEASUREMENT_TTL_S = 300.0
+PROBE_LIMIT_S = 120.0
+PROBE_CODE = "import nodes.node"
+
+_measured: tuple[float, float] | None = None  # (probe seconds, when: monotonic)
+
+
+def startup_timeout_s(probe_s: float, members: int, cpus: int) -> float:
+    """The startup limit of a team of ``members`` processes on ``cpus`` CPUs, from one
+    measured interpreter start of ``probe_s`` seconds (rule 2)."""
+    if not (probe_s >= 0 and math.isfinite(probe_s)):
+        raise ValueError(f"probe_s: {probe_s!r}; allowed: a finite number >= 0")
+    if members < 1 or cpus < 1:
+        raise ValueError(f"members {members}, cpus {cpus}: both must be >= 1")
+    scaled = STARTUP_FACTOR * probe_s * max(1.0, members / cpus)
+    return min(STARTUP_CAP_S, max(STARTUP_FLOOR_S, scaled))
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except OSError:
+        return max(1, os.cpu_count() or 1)
+
+
+async def measure_start_s(env: Mapping[str, str]) -> float:
+    """Seconds one interpreter takes to start and import the node code here, now (the
+    cached value while it is fresh, rule 3). A probe that outlives PROBE_LIMIT_S counts
+    as that long; one that fails still measured the start (the nodes' own start then
+    shows the error)."""
+    global _measured
+    now = time.monotonic()
+    if _measured is not None and now - _measured[1] < MEASUREMENT_TTL_S:
+        return _measured[0]
+    started = time.monotonic()
+    with trio.move_on_after(PROBE_LIMIT_S):
+        await trio.run_process([sys.executable, "-c", PROBE_CODE], env=dict(env),
+                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, check=False)
+    probe_s = time.monotonic() - started
+    _measured = (probe_s, time.monotonic())
+    return probe_s
+
+
+def forget_measurement() -> None:
+    """A team failed to start: measure again before the next one (rule 3)."""
+    global _measured
+    _measured = None
+
+
+def last_measurement_s() -> float | None:
+    """The probe time in use (None before the first team), for messages."""
+    return None if _measured is None else _measured[0]
