@@ -26,7 +26,13 @@ from nodes.transport import (
     unwrap_response,
 )
 from protocols.auth import HANDSHAKE2_BYTES, ChannelInitiator, Session
-from protocols.errors import LocalProtocolError, PeerUnavailable, RemoteProtocolError, RpcTimeout
+from protocols.errors import (
+    LocalProtocolError,
+    PeerUnavailable,
+    RemoteProtocolError,
+    RpcError,
+    RpcTimeout,
+)
 from protocols.identity import Identity, Roster
 
 log = logging.getLogger("nodes.transport.client")
@@ -250,12 +256,14 @@ class RpcClient:
         async def one(peer_id: str) -> None:
             try:
                 with trio.fail_after(self.timeout_s):
-                    await self._pooled(peer_id)
+                    # one request proves the connection to the server, which would
+                    # otherwise close it after first_frame_timeout_s without one
+                    await (await self._pooled(peer_id)).call("ping", {})
             except trio.TooSlowError:
                 self.counters.rpc_timeouts += 1
                 failures.append(RpcTimeout(
                     f"warm: no connection to {peer_id} within {self.timeout_s} s"))
-            except (PeerUnavailable, RemoteProtocolError) as exc:
+            except (RpcError, RemoteProtocolError) as exc:
                 failures.append(exc)
 
         async with trio.open_nursery() as nursery:
