@@ -87,6 +87,7 @@ def run(campaign: Campaign, out: str | Path, *, resume: bool = False, extend: bo
     says what could not be removed at the end."""
     from testbed.host.lanes import HostLanes
     from testbed.host.ledger import Ledger, clean_dead_runs, run_state_dir
+    from testbed.run.contract import Runner
     from testbed.run.episode import EpisodeRunner
     from testbed.run.failures import contained_ledger
     from testbed.run.loop import run_campaign
@@ -107,8 +108,16 @@ def run(campaign: Campaign, out: str | Path, *, resume: bool = False, extend: bo
     summary: list[RunSummary] = []
 
     async def main(ledger: Ledger) -> None:
-        runner = EpisodeRunner(campaign, workdir_root=root, backend=backend, ledger=ledger,
-                               link_log_dir=out / "links", shared_emulator=lanes > 1)
+        runner: Runner
+        if campaign.command is not None:  # your own programs (docs/own-programs.md)
+            from testbed.run.command_runner import CommandRunner
+
+            runner = CommandRunner(campaign, out_dir=out, backend=backend,
+                                   link_log_dir=out / "links")
+        else:
+            runner = EpisodeRunner(campaign, workdir_root=root, backend=backend,
+                                   ledger=ledger, link_log_dir=out / "links",
+                                   shared_emulator=lanes > 1)
         with HostLanes(ledger.prefix, budget=host_lanes, campaign=campaign.name,
                        label=label) as host:
             summary.append(await run_campaign(campaign, out, resume=resume, extend=extend,

@@ -57,6 +57,7 @@ def test_the_lock_pins_every_dependency() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # a wheel, a venv, every dependency from the index and a run
 def test_wheel_installs_into_an_empty_venv_and_runs(tmp_path: Path) -> None:
     dist = tmp_path / "dist"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist),

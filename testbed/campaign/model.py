@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
+from testbed.campaign.command import COMMAND_KIND, CommandWorkload, command_to_data
 from testbed.campaign.trials import KINDS, SCENARIOS, TRIAL_KINDS, trial_schedule
 from testbed.campaign.vocabulary import policy_needs_central
 from testbed.campaign.workload import (
@@ -59,7 +60,7 @@ EXTRA_FIELDS = ("batch",)
 #: Grid fields of each study kind.
 STUDY_FIELDS: dict[str, tuple[str, ...]] = {
     "episodes": (), "replanning": ("replan_delay_s", "update_rate_per_s", "update_target"),
-    "handoff": ("scenario",),
+    "handoff": ("scenario",), COMMAND_KIND: (),
 }
 STUDY_DEFAULTS: dict[str, tuple[Any, ...]] = {
     "batch": (1,), "replan_delay_s": (0.0,), "update_rate_per_s": (0.0,),
@@ -148,6 +149,7 @@ class Cell:
     update_rate_per_s: float | None = None
     update_target: str | None = None
     scenario: str | None = None  # handoff trials
+    own_program: bool = False  # a command workload's cell: ``policy`` is a label
 
     @property
     def id(self) -> str:
@@ -165,7 +167,7 @@ class Cell:
 
     @property
     def needs_central(self) -> bool:
-        return policy_needs_central(self.policy)
+        return not self.own_program and policy_needs_central(self.policy)
 
     @property
     def group_key(self) -> GroupKey:
@@ -199,6 +201,8 @@ class Campaign:
     source: str = ""
     execution: Execution = field(default_factory=Execution)
     kind: str = KINDS[0]
+    #: The programs of a ``kind = "command"`` campaign (``testbed.campaign.command``).
+    command: CommandWorkload | None = None
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -214,7 +218,10 @@ class Campaign:
         for grid in self.grids:
             for values in itertools.product(*(grid.get(f, STUDY_DEFAULTS.get(f, (None,)))
                                               for f in names)):
-                cells.setdefault(Cell(**dict(zip(names, values, strict=True))), None)
+                cell = Cell(**dict(zip(names, values, strict=True)))
+                if self.kind == COMMAND_KIND:
+                    cell = replace(cell, own_program=True)
+                cells.setdefault(cell, None)
         return list(cells)
 
     def groups(self) -> list[tuple[GroupKey, list[Cell]]]:
@@ -279,4 +286,6 @@ class Campaign:
             config["networks"] = {n: network_to_data(p) for n, p in self.networks.items()}
         if self.plugins:
             config["plugins"] = list(self.plugins)
+        if self.command is not None:
+            config["command"] = command_to_data(self.command)
         return config

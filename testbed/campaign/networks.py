@@ -69,18 +69,23 @@ def _agent_index(selector: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def _check_hosts(name: str, profile: NetworkProfile, agents: set[int]) -> None:
+def _check_hosts(name: str, profile: NetworkProfile, agents: set[int],
+                 extra: tuple[str, ...] = ()) -> None:
+    """EXTRA: a command workload's own hosts (``command.hosts``), selectable by name."""
     seen: dict[int, str] = {}
     fewest = min(agents)
-    for selector, _ in profile.hosts:
+    selectors = dict.fromkeys([s for s, _ in profile.hosts]
+                              + [s for s, _ in profile.host_congestion_control])
+    for selector in selectors:
         where = f"networks.{name}.hosts.{selector}"
-        if selector == CENTRAL_HOST:
+        if selector == CENTRAL_HOST or selector in extra:
             continue
         index = _agent_index(selector)
         if index is None or index >= fewest:
+            others = "".join(f", {h}" for h in extra)
             raise CampaignError(
                 f"{where}: no such agent in cells with agents = {fewest}; allowed: "
-                f"0..{fewest - 1}, a0..a{fewest - 1} or {CENTRAL_HOST}")
+                f"0..{fewest - 1}, a0..a{fewest - 1}{others} or {CENTRAL_HOST}")
         if index in seen:
             raise CampaignError(f"{where}: agent {index} is already given as "
                                 f"hosts.{seen[index]}; name each host once")
@@ -131,7 +136,8 @@ def check_against_grid(campaign: Campaign) -> None:
             profile = campaign.network_profile(name)
         except UserError as exc:
             raise CampaignError(f"grid.network: {str(exc).removeprefix('network: ')}") from None
-        _check_hosts(name, profile, agents[name])
+        extra = campaign.command.hosts if campaign.command is not None else ()
+        _check_hosts(name, profile, agents[name], extra)
         _check_offsets(name, profile, offsets[name])
 
 

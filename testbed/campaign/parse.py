@@ -28,6 +28,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from testbed.campaign.command import COMMAND_KIND, check_label, default_label, parse_command
 from testbed.campaign.model import (
     EXTRA_FIELDS,
     GRID_DEFAULTS,
@@ -71,7 +72,7 @@ from testbed.campaign.workload import (
 )
 
 TOP_FIELDS = ("name", "seed", "templates", "description", "kind", "options", "execution",
-              "networks", "grid", "plugins", "policies")
+              "networks", "grid", "plugins", "policies", "command")
 EXECUTION_FIELDS = ("cluster", "jobs", "allow_mixed_backends")
 MAX_BATCHES = 100
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -136,7 +137,8 @@ def parse_campaign(data: Mapping[str, Any], *, source: str = "<campaign>",
     if not isinstance(description, str):
         raise CampaignError(f"description: {description!r} is not allowed; allowed: a string")
     templates = _templates(data["templates"], "templates")
-    kind = _choice(data.get("kind", KINDS[0]), "kind", KINDS)
+    kind = _choice(data.get("kind", KINDS[0]), "kind", (*KINDS, COMMAND_KIND))
+    label = default_label(data.get("command"), kind)  # a command campaign's default policy
     options = _options(data.get("options", {}))
     execution = _execution(data.get("execution", {}))
     networks = parse_networks(data.get("networks", {}), base_dir=base_dir,
@@ -145,16 +147,21 @@ def parse_campaign(data: Mapping[str, Any], *, source: str = "<campaign>",
     raw_grid = data["grid"]
     grids: tuple[dict[str, tuple[Any, ...]], ...]
     if isinstance(raw_grid, Mapping):
-        grids = (_grid(raw_grid, "grid", allowed, kind, tables),)
+        grids = (_grid(raw_grid, "grid", allowed, kind, tables, label),)
     elif isinstance(raw_grid, list) and raw_grid and all(isinstance(g, Mapping)
                                                          for g in raw_grid):
-        grids = tuple(_grid(g, f"grid[{i}]", allowed, kind, tables)
+        grids = tuple(_grid(g, f"grid[{i}]", allowed, kind, tables, label)
                       for i, g in enumerate(raw_grid))
     else:
         raise CampaignError("grid: expected a [grid] table or [[grid]] tables")
+    command = None
+    if kind == COMMAND_KIND:
+        command = parse_command(data.get("command"), base_dir=base_dir,
+                                agents=min(min(g["agents"]) for g in grids))
     campaign = Campaign(name=name, seed=int(seed), templates=tuple(templates), grids=grids,
                         options=options, description=description, source=source, kind=kind,
-                        execution=execution, networks=networks, plugins=named)
+                        execution=execution, networks=networks, plugins=named,
+                        command=command)
     if check_files:
         check_against_grid(campaign)
         check_backend(campaign, options.backend)
@@ -237,7 +244,10 @@ def _options(value: Any) -> Options:
 
 
 def _grid(raw: Mapping[str, Any], where: str, networks: Sequence[str], kind: str = KINDS[0],
-          tables: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, tuple[Any, ...]]:
+          tables: Mapping[str, Mapping[str, Any]] | None = None,
+          label: str | None = None) -> dict[str, tuple[Any, ...]]:
+    """One grid slice. LABEL: a command campaign's default policy (its policies are
+    labels of the program's variants, not registered policies)."""
     names = (*GRID_FIELDS, *EXTRA_FIELDS, *STUDY_FIELDS[kind])
     for name in raw:
         owner = next((k for k, fields in STUDY_FIELDS.items() if name in fields), None)
@@ -245,14 +255,19 @@ def _grid(raw: Mapping[str, Any], where: str, networks: Sequence[str], kind: str
             raise CampaignError(f"{where}.{name}: only for kind = {owner!r} campaigns; "
                                 f"this campaign's kind is {kind!r}")
     _no_unknown(raw, names, where)
-    for required in ("policy", "network"):
+    for required in ("network",) if label is not None else ("policy", "network"):
         if required not in raw:
             raise CampaignError(f"{where}.{required}: missing; list at least one value")
     grid: dict[str, tuple[Any, ...]] = {}
     for name in names:
         defaults = GRID_DEFAULTS.get(name, STUDY_DEFAULTS.get(name, ()))
+        if name == "policy" and label is not None:
+            defaults = (label,)
         values = _as_list(raw[name], f"{where}.{name}") if name in raw else list(defaults)
-        grid[name] = tuple(_policy(v, f"{where}.{name}", tables or {}) if name == "policy"
+        grid[name] = tuple(check_label(v, f"{where}.{name}")
+                           if name == "policy" and label is not None
+                           else _policy(v, f"{where}.{name}", tables or {})
+                           if name == "policy"
                            else _grid_value(name, v, f"{where}.{name}", networks)
                            for v in values)
         _no_duplicates(list(grid[name]), f"{where}.{name}")

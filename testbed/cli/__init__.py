@@ -15,12 +15,18 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from testbed.cli import bench, campaigns, cluster, info, maintenance, policies
-from testbed.cli.common import ARGV, EXIT_HOST, EXIT_USER, enter_requested_namespace, version
+from testbed.cli import bench, campaigns, cluster, info, maintenance, policies, programs
+from testbed.cli.common import (
+    ARGV,
+    EXIT_HOST,
+    EXIT_USER,
+    VersionAction,
+    enter_requested_namespace,
+)
 from testbed.errors import HostError, UserError, one_line
 
 #: Sub-command modules in the order `testbed --help` lists them.
-COMMAND_MODULES = (info, campaigns, policies, cluster, maintenance, bench)
+COMMAND_MODULES = (info, campaigns, programs, policies, cluster, maintenance, bench)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="testbed",
         description="Coordination-cost testbed: PlanFence and baselines on real sockets "
                     "over emulated LTE links.")
-    parser.add_argument("--version", action="version", version=f"testbed {version()}")
+    parser.add_argument("--version", action=VersionAction)
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     for module in COMMAND_MODULES:
         module.register(sub)

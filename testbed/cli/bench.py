@@ -13,11 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
-
-from rich.console import Console
+from typing import TYPE_CHECKING, Any
 
 from testbed.cli.common import console, counts, positive_int, require_namespaces, require_root
+
+if TYPE_CHECKING:  # rich is imported when a benchmark runs, not by every command
+    from rich.console import Console
 
 
 def write_json(path: Path | None, result: Any) -> None:
@@ -136,6 +137,21 @@ def _transfer_args(b: argparse.ArgumentParser) -> None:
                    help="transfers per payload size and loss rate (default 20)")
 
 
+def _exec(args: argparse.Namespace, out: Console, json_path: Path | None) -> Any:
+    require_root("bench exec")
+    from testbed.tools.bench_exec import bench_exec
+
+    bench_exec(json_path, out, repeats=args.repeats, hosts=args.hosts)
+    return None  # the table is printed
+
+
+def _exec_args(b: argparse.ArgumentParser) -> None:
+    b.add_argument("--repeats", type=positive_int, default=5, metavar="N",
+                   help="runs per network size (default 5)")
+    b.add_argument("--hosts", type=counts, default=(2, 8), metavar="N,N",
+                   help="network sizes (default 2,8)")
+
+
 def _calibrate(args: argparse.Namespace, out: Console, json_path: Path | None) -> Any:
     import trio
 
@@ -155,7 +171,7 @@ def _calibrate_args(b: argparse.ArgumentParser) -> None:
                    help="streams to measure (default 5)")
 
 
-BenchRun = Callable[[argparse.Namespace, Console, "Path | None"], Any]
+BenchRun = Callable[[argparse.Namespace, "Console", "Path | None"], Any]
 
 
 @dataclass(frozen=True)
@@ -174,6 +190,8 @@ BENCHES: tuple[Bench, ...] = (
     Bench("limits", "the primary grid's peak connections, objects and installs against the "
                     "node limits", _limits, _limits_args),
     Bench("lanes", "AT&T episodes at 1-16 lanes and on a LocalCluster", _lanes, _lanes_args),
+    Bench("exec", "testbed exec: from the call to the command's first instruction, and from "
+                  "its exit to everything removed (2 and 8 hosts)", _exec, _exec_args),
     Bench("calibrate", "how fast this machine moves full-size datagrams over an unshaped "
                        "link (what rate checks may demand of it)", _calibrate,
           _calibrate_args),

@@ -63,6 +63,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if cluster is not None and campaign.options.link_log:
         raise UserError("options.link_log: packet logs are written by runs in this process "
                         "(--jobs), not on a cluster; drop --cluster or link_log")
+    if campaign.command is not None and cluster is not None:
+        raise UserError("--cluster: a command workload runs its programs from this process; "
+                        "drop --cluster (use --jobs N for lanes)")
     out_console = console()
     if cluster is None:
         summary = api.run(campaign, out, resume=args.resume, extend=args.extend, jobs=jobs,
@@ -124,7 +127,7 @@ def _plugin_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def register(sub: Any) -> None:
-    from testbed.campaign.vocabulary import BACKENDS
+    from testbed.links.backend import BACKEND_CHOICES as BACKENDS  # light: no registries
 
     p = sub.add_parser("check", help="validate a campaign and print its plan; creates nothing")
     p.add_argument("campaign", help="preset name or path to a campaign TOML file")

@@ -11,12 +11,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from importlib import metadata
 from pathlib import Path
-
-from rich.console import Console
+from typing import TYPE_CHECKING
 
 from testbed.errors import HostError, UserError
+
+if TYPE_CHECKING:  # rich is imported when a console is made: `exec` and `shell` need none
+    from rich.console import Console
 
 DEFAULT_RESULTS = Path("results")
 EXIT_USER, EXIT_HOST = 2, 3
@@ -31,6 +32,8 @@ ARGV: list[str] = []
 
 
 def version() -> str:
+    from importlib import metadata  # only when asked: it costs every command 0.1 s
+
     try:
         return metadata.version("planfence-testbed")
     except metadata.PackageNotFoundError:
@@ -107,5 +110,21 @@ def directory(flag: str, text: str | None) -> Path | None:
 
 
 def console() -> Console:
+    from rich.console import Console
+
     # Piped output (CI logs, `| tee`) gets a wide console so tables are not truncated.
     return Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+
+
+class VersionAction(argparse.Action):
+    """``--version``: the installed version, looked up only when asked for."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS,
+                 default: str = argparse.SUPPRESS, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=default,
+                         help=help or "show the version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        print(f"testbed {version()}")
+        parser.exit()

@@ -18,6 +18,17 @@ def process_start_ticks(pid: int) -> int | None:
     return int(stat.rsplit(")", 1)[1].split()[19])
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """CPU time PID has used, user and system, all threads (fields 14 and 15 of
+    /proc/PID/stat), None if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def same_process(pid: int, start_ticks: int | None) -> bool:
     now = process_start_ticks(pid)
     return now is not None and (start_ticks is None or now == start_ticks)

@@ -7,7 +7,7 @@ Rules:
    runs unshaped (a :class:`HostError` instead), an unshaped one never gets a backend.
 2. ``auto`` takes netem where it works (kernel qdiscs, no emulator process) and can
    run the network exactly as defined, else userspace (:data:`AUTO_ORDER`); probes run
-   once per process.
+   once per process, and for root once per boot and set of kernel modules.
 3. A backend asked for by name that cannot run a network as defined (a field it cannot
    express, packet logs, a qdisc the kernel lacks) is refused with that one line
    before anything is created (``BackendKind.check``).
@@ -31,6 +31,7 @@ from testbed.links.backend import (
     LinkHost,
     ProbeResult,
 )
+from testbed.links.probe_cache import cached_probe
 from testbed.links.profiles import NetworkProfile
 
 Opener = Callable[..., AbstractAsyncContextManager[LinkBackend]]
@@ -81,12 +82,16 @@ def backend_kind(name: str) -> BackendKind:
 
 @functools.lru_cache(maxsize=8)
 def probe_backend(name: str) -> tuple[bool, str]:
-    """Whether backend ``name`` works here and why (its probes, once per process)."""
-    results = backend_kind(name).probes()
-    failed = [r for r in results if not r.ok]
-    if failed:
-        return False, "; ".join(f"{r.name}: {r.detail}" for r in failed)
-    return True, "; ".join(f"{r.name}: {r.detail}" for r in results)
+    """Whether backend ``name`` works here and why (its probes, once per process and, for
+    root, once per boot and set of kernel modules: ``testbed.links.probe_cache``)."""
+    def probe() -> tuple[bool, str]:
+        results = backend_kind(name).probes()
+        failed = [r for r in results if not r.ok]
+        if failed:
+            return False, "; ".join(f"{r.name}: {r.detail}" for r in failed)
+        return True, "; ".join(f"{r.name}: {r.detail}" for r in results)
+
+    return cached_probe(name, probe)
 
 
 def resolve_backend(profile: NetworkProfile, requested: str, *,

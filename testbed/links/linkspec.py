@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from testbed.errors import UserError
 
@@ -46,6 +46,7 @@ CODEL_INTERVAL_MS = 100.0
 CENTRAL_HOST = "central"
 """The host name of the central service (``testbed.net.plan`` names it so)."""
 
+T = TypeVar("T")
 _CC_NAME = re.compile(r"^[a-z0-9_]{1,15}$")
 
 
@@ -210,9 +211,11 @@ class NetworkProfile:
     congestion_control: str = DEFAULT_CONGESTION_CONTROL
     hosts: tuple[tuple[str, LinkSpec], ...] = ()
     description: str = ""
+    #: (selector, algorithm): hosts whose TCP congestion control is not the network's.
+    host_congestion_control: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
-        if self.link is None and self.hosts:
+        if self.link is None and (self.hosts or self.host_congestion_control):
             raise ProfileError(f"{self.name}.hosts: an unshaped network has no links to vary")
 
     @property
@@ -228,10 +231,12 @@ class NetworkProfile:
         """
         if self.link is None:
             return None
-        overrides = dict(self.hosts)
-        if host == CENTRAL_HOST:
-            return overrides.get(CENTRAL_HOST, self.link)
-        return overrides.get(str(index), overrides.get(host, self.link))
+        return _select(dict(self.hosts), host, index, self.link)
+
+    def congestion_control_of(self, host: str, index: int) -> str:
+        """The TCP congestion control of host HOST (selectors as in :meth:`link_of`)."""
+        return _select(dict(self.host_congestion_control), host, index,
+                       self.congestion_control)
 
     def links_of(self, hosts: list[str] | tuple[str, ...]) -> list[LinkSpec | None]:
         return [self.link_of(h, i) for i, h in enumerate(hosts)]
@@ -248,3 +253,11 @@ class NetworkProfile:
             if link not in out:
                 out.append(link)
         return out
+
+
+def _select(overrides: dict[str, T], host: str, index: int, default: T) -> T:
+    """HOST's entry among OVERRIDES (agents by index or name, the central service only
+    by ``central``), else DEFAULT."""
+    if host == CENTRAL_HOST:
+        return overrides.get(CENTRAL_HOST, default)
+    return overrides.get(str(index), overrides.get(host, default))

@@ -56,7 +56,7 @@ DELAY_FIELDS = ("delay_ms", "delay_trace")
 LINK_FIELDS = (*CAPACITY_FIELDS, *DELAY_FIELDS, "loss", "queue", "trace_offset_s",
                "trace_wrap")
 NETWORK_FIELDS = ("description", "unshaped", "congestion_control", *LINK_FIELDS, "hosts")
-HOST_FIELDS = ("network", *LINK_FIELDS)
+HOST_FIELDS = ("network", *LINK_FIELDS, "congestion_control", "unshaped")
 LOSS_MODELS = ("none", "iid", "gilbert")
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 _SELECTOR = re.compile(r"^(?:\d{1,3}|[A-Za-z_][A-Za-z0-9_]{0,31})$")
@@ -279,10 +279,41 @@ def _inherit(given: dict[str, Any]) -> dict[str, Any]:
     return {**reset, **given}
 
 
+def _host_extras(table: Mapping[str, Any], where: str) -> tuple[bool, str | None]:
+    """A host table's ``unshaped`` and ``congestion_control`` (not link fields)."""
+    cc = (check_congestion_control(table["congestion_control"], f"{where}.congestion_control")
+          if "congestion_control" in table else None)
+    unshaped = table.get("unshaped", False)
+    if not isinstance(unshaped, bool):
+        raise _fail(f"{where}.unshaped", unshaped, "true or false")
+    if unshaped:
+        extra = [k for k in table if k not in ("unshaped", "congestion_control")]
+        if extra:
+            raise ProfileError(f"{where}.{extra[0]}: an unshaped host (unshaped = true) has "
+                               "no link fields; leave them out")
+    return unshaped, cc
+
+
 def _host(name: str, selector: str, value: Any, where: str, common: LinkSpec, *,
-          base_dir: Path | None, known: Known, check_files: bool) -> LinkSpec:
+          base_dir: Path | None, known: Known, check_files: bool
+          ) -> tuple[LinkSpec | None, str | None]:
+    """A host's own link (None: the network's) and congestion control (None: the
+    network's). ``unshaped = true``: no delay, no rate, no loss (a server "on the
+    internet", as outside Mahimahi's shells); only ``congestion_control``: the
+    network's link."""
     table = _table(value, where, '{ rate_kbit = 100000, delay_ms = 1 }')
     _unknown(table, HOST_FIELDS, where)
+    unshaped, cc = _host_extras(table, where)
+    if unshaped:
+        return LinkSpec(delay_ms=0.0), cc
+    if set(table) <= {"congestion_control"}:
+        return None, cc
+    return _host_link(name, table, where, common, base_dir=base_dir, known=known,
+                      check_files=check_files), cc
+
+
+def _host_link(name: str, table: Mapping[str, Any], where: str, common: LinkSpec, *,
+               base_dir: Path | None, known: Known, check_files: bool) -> LinkSpec:
     given = link_fields(table, where, base_dir=base_dir, check_files=check_files)
     if "network" not in table:
         return _build(given, where)
@@ -326,17 +357,22 @@ def parse_network(name: str, value: Any, *, where: str = "networks",
         return NetworkProfile(name=name, link=None, description=description)
     common = _build(link_fields(table, here, base_dir=base_dir, check_files=check_files), here)
     hosts: list[tuple[str, LinkSpec]] = []
+    host_cc: list[tuple[str, str]] = []
     raw_hosts = _table(table.get("hosts", {}), f"{here}.hosts", "{ central = { ... } }")
     for selector, host_value in raw_hosts.items():
         key = f"{here}.hosts.{selector}"
         if not _SELECTOR.match(str(selector)):
             raise ProfileError(f"{key}: not a host; allowed: an agent index (0, 1, ...), an "
-                               f"agent name (a0, a1, ...) or {CENTRAL_HOST}")
-        hosts.append((str(selector), _host(name, str(selector), host_value, key, common,
-                                           base_dir=base_dir, known=known,
-                                           check_files=check_files)))
+                               f"agent name (a0, a1, ...), a host name or {CENTRAL_HOST}")
+        link, own_cc = _host(name, str(selector), host_value, key, common, base_dir=base_dir,
+                             known=known, check_files=check_files)
+        if link is not None:
+            hosts.append((str(selector), link))
+        if own_cc is not None:
+            host_cc.append((str(selector), own_cc))
     return NetworkProfile(name=name, link=common, congestion_control=cc, hosts=tuple(hosts),
-                          description=description)
+                          description=description,
+                          host_congestion_control=tuple(sorted(host_cc)))
 
 
 def link_to_data(link: LinkSpec) -> dict[str, Any]:
@@ -381,7 +417,10 @@ def network_to_data(profile: NetworkProfile) -> dict[str, Any]:
     if profile.congestion_control != DEFAULT_CONGESTION_CONTROL:
         out["congestion_control"] = profile.congestion_control
     out.update(link_to_data(profile.link))
-    if profile.hosts:
-        out["hosts"] = {sel: link_to_data(link) for sel, link in profile.hosts}
+    hosts: dict[str, dict[str, Any]] = {sel: link_to_data(link) for sel, link in profile.hosts}
+    for sel, host_cc in profile.host_congestion_control:
+        hosts.setdefault(sel, {})["congestion_control"] = host_cc
+    if hosts:
+        out["hosts"] = hosts
     return out
 

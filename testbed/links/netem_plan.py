@@ -24,8 +24,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from testbed.links.linkspec import LinkSpec, NetworkProfile
 from testbed.links.traces import MTU_BYTES, Trace, kbit_per_opportunity_ms
 
@@ -74,6 +72,8 @@ def compile_schedule(
     for field_name, value in (("offset_ms", offset_ms), ("start_ms", start_ms)):
         if not (math.isfinite(value) and value >= 0):
             raise ValueError(f"{field_name}: must be a finite number >= 0, got {value!r}")
+    import numpy as np  # here, not with the module: fixed links need no trace arrays
+
     n_steps = math.ceil(duration_ms / interval_ms - 1e-9)
     end_ms = start_ms + duration_ms
     edges = np.minimum(start_ms + np.arange(n_steps + 1, dtype=np.float64) * interval_ms, end_ms)

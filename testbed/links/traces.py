@@ -35,12 +35,18 @@ import os
 from bisect import bisect_right
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
-
-import numpy as np
-import numpy.typing as npt
+from typing import TYPE_CHECKING, Literal
 
 from testbed.errors import UserError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+    FloatArray = npt.NDArray[np.float64]
+    IntArray = npt.NDArray[np.int64]
+# numpy is imported where stamps are read or replayed, not with the module: reading the
+# network registry (every testbed exec and shell) needs no trace arrays for fixed links
 
 __all__ = [
     "MAX_DELAY_MS",
@@ -75,10 +81,6 @@ _SUFFIXES: dict[str, Direction] = {".up": "up", ".down": "down"}
 MAX_DELAY_MS = 10_000.0
 """Largest one-way delay per crossing a link (or a delay trace) may ask for."""
 
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
-
-
 class TraceError(UserError):
     """A trace file or trace name is unusable; the message names the file and line."""
 
@@ -101,6 +103,8 @@ class Trace:
     period_ms: int
 
     def __post_init__(self) -> None:
+        import numpy as np
+
         stamps = self.stamps_ms
         if stamps.ndim != 1 or stamps.size == 0:
             raise TraceError(f"trace {self.name}: needs at least one stamp")
@@ -123,11 +127,15 @@ class Trace:
 
     def longest_outage_ms(self) -> int:
         """Longest gap between consecutive opportunities, counting the wrap-around gap."""
+        import numpy as np
+
         unrolled = np.append(self.stamps_ms, self.period_ms + self.stamps_ms[0])
         return int(np.max(np.diff(unrolled)))
 
     def outage_total_ms(self, min_gap_ms: int = 1000) -> int:
         """Sum of gaps of at least `min_gap_ms` in one period (zero-capacity stretches)."""
+        import numpy as np
+
         unrolled = np.append(self.stamps_ms, self.period_ms + self.stamps_ms[0])
         gaps = np.diff(unrolled)
         return int(gaps[gaps >= min_gap_ms].sum())
@@ -141,6 +149,8 @@ class Trace:
         unrolled periodically from trace time 0, so an offset inside the first period
         sees exactly the stamps an mm-link started there would see.
         """
+        import numpy as np
+
         if not (math.isfinite(start_ms) and math.isfinite(end_ms) and math.isfinite(offset_ms)):
             raise ValueError("opportunities: start_ms, end_ms and offset_ms must be finite")
         if start_ms < 0:
@@ -170,6 +180,8 @@ class Trace:
         the period is not a multiple of `bin_ms` and its rate uses its real width. The
         stamp equal to the period is counted in the last bin.
         """
+        import numpy as np
+
         if bin_ms <= 0:
             raise ValueError(f"capacity_series_kbit: bin_ms must be > 0, got {bin_ms}")
         n_bins = max(1, math.ceil(self.period_ms / bin_ms))
@@ -218,6 +230,8 @@ def _parse_stamps(path: Path, text: str) -> IntArray:
         raise TraceError(f"{path}: trace is empty (no stamps)")
     if values[-1] == 0:
         raise TraceError(f"{path}: last stamp is 0; a trace must last longer than 0 ms")
+    import numpy as np
+
     return np.asarray(values, dtype=np.int64)
 
 

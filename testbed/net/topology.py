@@ -49,6 +49,9 @@ class Topology:
     hosts: dict[str, Host]
     links: LinkBackend | None = None
     privilege: str = "root"
+    #: What the topology recorded; users' programs started in it are recorded here too
+    #: (testbed.net.programs), so they go with it, also after a crash (`testbed clean`).
+    ledger: Ledger | None = None
 
     @property
     def socket_congestion_control(self) -> str | None:
@@ -122,7 +125,8 @@ class Topology:
             "congestion_control_set_by": "socket" if self.socket_congestion_control
             else "namespace",
             "hosts": {h.name: {"netns": h.netns, "address": h.address,
-                               **_link_summary(profile.link_of(h.name, i))}
+                               **_link_summary(profile.link_of(h.name, i)),
+                               **_cc_summary(profile, h.name, i)}
                       for i, h in enumerate(self.hosts.values())},
         }
 
@@ -135,6 +139,12 @@ def _link_summary(link: LinkSpec | None) -> dict[str, Any]:
     return {"up_trace": link.up_trace, "down_trace": link.down_trace,
             "up_rate_kbit": link.rate_of("up"), "down_rate_kbit": link.rate_of("down"),
             "delay_ms": link.delay_ms, "delay_trace": link.delay_trace}
+
+
+def _cc_summary(profile: NetworkProfile, host: str, index: int) -> dict[str, Any]:
+    """A host's own congestion control, when it has one (hosts.NAME.congestion_control)."""
+    cc = profile.congestion_control_of(host, index)
+    return {} if cc == profile.congestion_control else {"congestion_control": cc}
 
 
 def _check_root(backend: str) -> None:
@@ -191,18 +201,21 @@ async def open_topology(
     with cancel_on_sigterm(scope):
         try:
             with scope:
-                cc: str | None = None  # in a user namespace: set per socket by the nodes
-                if mode == "root":
-                    cc = profile.congestion_control
+                # Per host (hosts.NAME.congestion_control); in a user namespace none: the
+                # nodes set the network's on each socket.
+                ccs = {h.name: profile.congestion_control_of(h.name, i) if mode == "root"
+                       else None for i, h in enumerate(plan.hosts)}
+                for cc in dict.fromkeys(c for c in ccs.values() if c is not None):
                     await trio.to_thread.run_sync(allow_congestion_control, ledger, cc)
                 for host in plan.hosts:
-                    await trio.to_thread.run_sync(_setup_namespace, ledger, host, cc)
+                    await trio.to_thread.run_sync(_setup_namespace, ledger, host,
+                                                  ccs[host.name])
                 link_hosts = [LinkHost(h.name, str(h.netns), h.address) for h in plan.hosts]
                 async with open_links(plan.backend, profile, link_hosts, prefix=plan.prefix,
                                       ledger=ledger, trace_offset_s=plan.trace_offset_s,
                                       seed=seed, packet_log=packet_log,
                                       shared_emulator=shared_emulator) as links:
-                    yield Topology(plan, hosts, links, mode)
+                    yield Topology(plan, hosts, links, mode, ledger)
         finally:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(partial(ledger.teardown))

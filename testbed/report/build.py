@@ -16,6 +16,7 @@ from testbed.report.load import load_run
 from testbed.report.render import ReportInputs, render_html, render_markdown
 from testbed.report.stats import DEFAULT_DRAWS
 from testbed.report.tables import build_tables
+from testbed.report.tables_command import COMMAND_KIND, command_figures
 from testbed.report.tables_trials import trial_kind
 from testbed.report.tabular import write_table
 
@@ -56,9 +57,13 @@ def build_report(
     for table in tables:
         table_files += write_table(table, run_dir / "tables")
     say(f"report: {len(tables)} tables -> {run_dir / 'tables'}")
-    if trial_kind(run) == "episodes":
-        written, notes = build_figures(run, run_dir / "figures")
-        written += budget_figure(run, run_dir / "figures")
+    kind = trial_kind(run)
+    if kind in ("episodes", COMMAND_KIND):
+        if kind == "episodes":
+            written, notes = build_figures(run, run_dir / "figures")
+            written += budget_figure(run, run_dir / "figures")
+        else:
+            written, notes = command_figures(run, run_dir / "figures")
         link_paths, link_notes = link_figures(run, run_dir / "figures", episode=episode)
         written, notes = written + link_paths, notes + link_notes
     else:  # single-action trials: their table is the result

@@ -30,6 +30,8 @@ FIGURE_CAPTIONS = {
     "fig_stall_vs_rho": "Median stall against the update rate rho, per policy.",
     "fig_trace_segments": "Capacity of the trace segment each network replayed (the files "
     "the manifest recorded, from each trace offset, for the median episode duration).",
+    "fig_command_stall": "Your program's stall per action, as it reported it: the share of "
+    "actions (y) that waited at most x ms, per network and policy (command workloads).",
     "fig_link_": "One episode's links from its packet logs: per host, throughput against "
     "the capacity the link offered (grey) and every packet's queueing delay, uplink and "
     "downlink (like mm-throughput-graph and mm-delay-graph).",

@@ -4,7 +4,8 @@ results.
 
 Every builder returns the tables the campaign can fill (possibly none): a layout is
 written only when the campaign holds the cells it compares. A campaign of single-action
-trials gets its study's table only. See docs/reports.md for how to read each one.
+trials gets its study's table only, a command workload its own
+(``testbed.report.tables_command``). See docs/reports.md for how to read each one.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable, Sequence
 from testbed.report.budget import budget_tables
 from testbed.report.load import Run
 from testbed.report.table_common import Options
+from testbed.report.tables_command import COMMAND_KIND, command_tables
 from testbed.report.tables_costs import artifact_tables, batch_tables, cost_tables
 from testbed.report.tables_policy import policy_tables, sync_tables
 from testbed.report.tables_study import (
@@ -27,7 +29,7 @@ from testbed.report.tables_study import (
 from testbed.report.tables_trials import handoff_tables, replanning_tables, trial_kind
 from testbed.report.tabular import Table
 
-__all__ = ["BUILDERS", "TRIAL_BUILDERS", "build_tables"]
+__all__ = ["BUILDERS", "COMMAND_BUILDERS", "TRIAL_BUILDERS", "build_tables"]
 
 
 BUILDERS: Sequence[Callable[[Run, Options], list[Table]]] = (
@@ -50,7 +52,12 @@ TRIAL_BUILDERS: Sequence[Callable[[Run, Options], list[Table]]] = (
 )
 
 
+COMMAND_BUILDERS: Sequence[Callable[[Run, Options], list[Table]]] = (command_tables,)
+
+
 def build_tables(run: Run, *, draws: int, seed: int) -> list[Table]:
     options = Options(draws=draws, seed=seed)
-    builders = TRIAL_BUILDERS if trial_kind(run) != "episodes" else BUILDERS
+    kind = trial_kind(run)
+    builders = (BUILDERS if kind == "episodes" else COMMAND_BUILDERS if kind == COMMAND_KIND
+                else TRIAL_BUILDERS)
     return [table for builder in builders for table in builder(run, options)]

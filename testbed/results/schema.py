@@ -42,7 +42,12 @@ TRIAL_ACTION_FIELDS: tuple[str, ...] = (
     "trial_outcome", "relevant_updates", "unrelated_updates", "action_s", "effect_lag_ms",
     "gap_ms", "planner", "executor",
 )
-RUNNER_ACTION_OPTIONAL: tuple[str, ...] = (*COST_ACTION_FIELDS, *TRIAL_ACTION_FIELDS)
+#: Per action of a command workload (your own program's metrics, docs/own-programs.md):
+#: the host that reported it, its ``ok``, its time since replay time 0, and the other
+#: fields it reported (a JSON object).
+COMMAND_ACTION_FIELDS: tuple[str, ...] = ("host", "ok", "t_ms", "metrics")
+RUNNER_ACTION_OPTIONAL: tuple[str, ...] = (*COST_ACTION_FIELDS, *TRIAL_ACTION_FIELDS,
+                                           *COMMAND_ACTION_FIELDS)
 #: Per episode, explainable costs: traffic without channel handshakes, and bytes by phase
 #: (their sum is the episode's traffic; docs/campaigns.md).
 COST_EPISODE_FIELDS: tuple[str, ...] = (
@@ -59,15 +64,20 @@ LINK_EPISODE_FIELDS: tuple[str, ...] = (
     "link_up_drops", "link_down_drops", "emulator_late_p99_ms", "emulator_late_max_ms",
     "link_log",
 )
+#: Per episode of a command workload (JSON objects): bytes, packets and drops per host
+#: and direction from the link counters, how each program ended, and the programs'
+#: ``episode`` metrics.
+COMMAND_EPISODE_FIELDS: tuple[str, ...] = ("link_host_bytes", "programs", "metrics")
 #: Per episode, written by the runner (every one required for a completed episode, but
 #: for :data:`RUNNER_EPISODE_OPTIONAL`).
 RUNNER_EPISODE_FIELDS: tuple[str, ...] = (
     "stall_ms_per_action", "stall_action_ms", "stall_barrier_ms", "stall_commit_ms",
     "kib_per_action", "connections", "link_bytes", "wall_s", "congestion_control",
-    *COST_EPISODE_FIELDS, "rpc_timeouts", *LINK_EPISODE_FIELDS,
+    *COST_EPISODE_FIELDS, "rpc_timeouts", *LINK_EPISODE_FIELDS, *COMMAND_EPISODE_FIELDS,
 )
 RUNNER_EPISODE_OPTIONAL: tuple[str, ...] = ("wall_s", "congestion_control",
-                                            *COST_EPISODE_FIELDS, *LINK_EPISODE_FIELDS)
+                                            *COST_EPISODE_FIELDS, *LINK_EPISODE_FIELDS,
+                                            *COMMAND_EPISODE_FIELDS)
 
 _CELL_TYPES: dict[str, pa.DataType] = {
     "campaign": pa.string(), "cell": pa.string(), "policy": pa.string(),
@@ -91,6 +101,7 @@ _ACTION_TYPES: dict[str, pa.DataType] = {
     "trial_outcome": pa.string(), "relevant_updates": pa.int64(),
     "unrelated_updates": pa.int64(), "action_s": pa.float64(), "effect_lag_ms": pa.float64(),
     "gap_ms": pa.float64(),
+    "host": pa.string(), "ok": pa.bool_(), "t_ms": pa.float64(), "metrics": pa.string(),
 }
 _EPISODE_TYPES: dict[str, pa.DataType] = {
     "seed": pa.int64(), "scheduled_actions": pa.int64(), "attempted_actions": pa.int64(),
@@ -110,6 +121,7 @@ _EPISODE_TYPES: dict[str, pa.DataType] = {
     "link_up_drops": pa.int64(), "link_down_drops": pa.int64(),
     "emulator_late_p99_ms": pa.float64(), "emulator_late_max_ms": pa.float64(),
     "link_log": pa.string(),
+    "link_host_bytes": pa.string(), "programs": pa.string(), "metrics": pa.string(),
 }
 ACTION_SCHEMA = pa.schema([*(pa.field(c, _CELL_TYPES[c]) for c in _CELL_TYPES),
                            *(pa.field(c, t) for c, t in _ACTION_TYPES.items())])

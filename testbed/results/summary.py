@@ -26,11 +26,15 @@ def summary_frame(out_dir: Path) -> pd.DataFrame:
         episodes=("episode", "size"), aborted=("aborted", "sum")).reset_index()
     medians = done.groupby("cell").agg(stall_ms=("stall_ms_per_action", "median"),
                                        kib=("kib_per_action", "median"))
-    released = actions[actions["outcome"] == "released"]
+    # A command workload's actions are the program's (ok or failed): count failed/actions.
+    command = "ok" in actions and bool(actions["ok"].notna().any())
+    released = actions if command else actions[actions["outcome"] == "released"]
     issued = released.groupby("cell").size().rename("issued")
-    invalid = released.groupby("cell")["invalid"].sum().rename("invalid")
+    bad = ~released["ok"].astype(bool) if command else released["invalid"].astype(bool)
+    invalid = bad.groupby(released["cell"]).sum().rename("invalid")
     frame = frame.join(medians, on="cell").join(issued, on="cell").join(invalid, on="cell")
     frame = frame.fillna({"issued": 0, "invalid": 0})
+    frame["command"] = command
     frame = frame.join(episodes.groupby("cell").first().apply(_setting, axis=1)
                        .rename("setting"), on="cell")
     # Rows in the campaign file's order (shards come back in file-name order, which puts
@@ -58,7 +62,8 @@ def print_summary(out_dir: Path, console: Console) -> None:
     table = Table(title=f"{out_dir.name}: medians over templates (aborted episodes excluded)")
     studies = bool(frame["setting"].astype(bool).any())
     for column in ("policy", "network", "rho", "keys", "agents", "deps", "conn",
-                   *(("setting",) if studies else ()), "episodes", "invalid/issued",
+                   *(("setting",) if studies else ()), "episodes",
+                   "failed/actions" if bool(frame["command"].any()) else "invalid/issued",
                    "stall ms/action", "KiB/action"):
         table.add_column(column, justify="left" if column in ("policy", "network") else "right")
     for row in frame.head(_SUMMARY_ROWS).to_dict("records"):

@@ -50,6 +50,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from testbed.campaign.command import COMMAND_KIND
 from testbed.campaign.model import Campaign, CampaignError, episode_key
 from testbed.campaign.networks import changed_files, network_provenance
 from testbed.campaign.parse import recorded_campaign
@@ -75,6 +76,7 @@ from testbed.results.schema import (
     check_fields,
 )
 from testbed.results.summary import print_summary
+from testbed.run.command_rows import command_rows
 from testbed.run.contract import EpisodeResult, Runner, RunSummary
 from testbed.run.engines import Engine, LocalEngine
 from testbed.run.failures import UnitFailure, describe_failure, record_failure
@@ -194,7 +196,8 @@ def commit_outcome(campaign: Campaign, run_dir: RunDir, outcome: EpisodeOutcome)
                        "worker": outcome.worker}
         run_dir.record_episode(key, [], episode_row)
         return True
-    actions, episode_row = _rows(base, campaign, schedule, outcome.result, outcome.wall_s, key)
+    rows = command_rows if campaign.kind == COMMAND_KIND else _rows
+    actions, episode_row = rows(base, campaign, schedule, outcome.result, outcome.wall_s, key)
     run_dir.record_episode(key, actions, {**episode_row, "worker": outcome.worker})
     return False
 

@@ -45,9 +45,9 @@ from protocols.errors import RemoteProtocolError
 from protocols.identity import CENTRAL_ID, Identity, Member, Roster
 from testbed.errors import RunFailure
 from testbed.host.ledger import Ledger
-from testbed.host.processes import is_running
+from testbed.host.processes import cpu_seconds, is_running
 from testbed.run.liveness import Watched, watch_all
-from testbed.run.startup import STARTUP_FLOOR_S, measure_start_s, usable_cpus
+from testbed.run.startup import STARTUP_FLOOR_S, StartupClock, measure_start_s, usable_cpus
 from testbed.run.startup import startup_timeout_s as startup_timeout
 
 log = logging.getLogger("testbed.run.team")
@@ -373,21 +373,23 @@ class Team:
             log.error("node %s exited unexpectedly with code %s", node.agent, node.returncode)
 
     async def _wait_ready(self, node: _Node) -> None:
-        with trio.move_on_after(self.startup_timeout_s):
-            while True:
-                if node.returncode is not None or (
-                        node.process is not None and node.process.returncode is not None):
-                    raise await self._died(node, "exited during startup")
-                try:
-                    node.client = await ControlClient.connect(node.control_path)
-                    node.heartbeat = await ControlClient.connect(node.control_path)
-                except OSError:
-                    await trio.sleep(0.02)
-                    continue
-                await self.call(node.agent, "ping")
-                return
+        pid = node.process.pid if node.process is not None else -1
+        clock = StartupClock(self.startup_timeout_s, partial(cpu_seconds, pid))
+        while not clock.expired():  # past the limit only while starved (startup rule 4)
+            if node.returncode is not None or (
+                    node.process is not None and node.process.returncode is not None):
+                raise await self._died(node, "exited during startup")
+            try:
+                node.client = await ControlClient.connect(node.control_path)
+                node.heartbeat = await ControlClient.connect(node.control_path)
+            except OSError:
+                await trio.sleep(0.02)
+                continue
+            await self.call(node.agent, "ping")
+            return
         raise await self._died(node, "no control socket within the startup limit of "
-                                     f"{self.startup_timeout_s:.1f} s")
+                                     f"{self.startup_timeout_s:.1f} s (waited "
+                                     f"{clock.waited_s():.1f} s, {clock.describe_cpu()})")
 
     async def _shutdown(self) -> None:
         self._closing = True

@@ -70,8 +70,10 @@ def estimate_wall_s(campaign: Campaign, jobs: int = 1) -> float:
     """Rough wall time of the whole campaign (module docstring)."""
     loop_s = emulated_s = 0.0
     profiles = {name: campaign.network_profile(name) for name in campaign.network_names()}
+    command = campaign.command
     for cell, _template in campaign.episodes():
-        seconds = _episode_s(profiles[cell.network], cell)
+        seconds = (_episode_s(profiles[cell.network], cell) if command is None else
+                   EPISODE_SETUP_S + (command.lead_ms + cell.units * command.unit_ms) / 1000)
         if profiles[cell.network].link is None:
             loop_s += seconds
         else:
@@ -116,6 +118,9 @@ def network_lines(name: str, profile: NetworkProfile, *, defined: bool,
             text += f", agent to central {fmt_range(*rtts['central'])}"
         lines.append(f"  base round trip ({agents} agents{' + central' if central else ''}): "
                      f"{text}")
+    for sel, cc in profile.host_congestion_control:
+        lines.append(f"  hosts.{sel}: congestion control {cc} (the network's: "
+                     f"{profile.congestion_control})")
     netem = unsupported(profile)
     lines.append("  backends: userspace" + (", netem" if netem is None else
                                              f" (netem refuses: {netem})"))
@@ -139,6 +144,7 @@ def plan_lines(campaign: Campaign, *, jobs: int = 1, backend: str | None = None,
     for name in campaign.network_names():
         lines += network_lines(name, campaign.network_profile(name),
                                defined=name in campaign.networks, teams=teams[name])
+    lines += command_lines(campaign)
     chosen = backend or campaign.options.backend
     lines.append(f"backend: {chosen}" + (" (chosen when the run starts; see `testbed "
                                          "doctor`)" if chosen == "auto" else ""))
@@ -147,6 +153,23 @@ def plan_lines(campaign: Campaign, *, jobs: int = 1, backend: str | None = None,
                      "<out>/links/ (userspace backend)")
     lines.append(f"estimated wall time: about {_fmt_duration(estimate_wall_s(campaign, jobs))}"
                  f" with --jobs {jobs} (rough; docs/campaigns.md)")
+    return lines
+
+
+def command_lines(campaign: Campaign) -> list[str]:
+    """A command workload's programs, in start order, and its schedule's pace."""
+    command = campaign.command
+    if command is None:
+        return []
+    lines = [f"command {command.name}: hosts a0.. (the cell's agents)"
+             + "".join(f", {h}" for h in command.hosts)
+             + f"; one unit every {command.unit_ms:g} ms after a {command.lead_ms:g} ms lead;"
+             f" each episode stopped after {command.timeout_s:g} s"]
+    for i, run in enumerate(command.runs):
+        notes = [n for n in ("service" if run.service else "",
+                             f"ready {run.ready}" if run.ready else "") if n]
+        lines.append(f"  run[{i}] on {', '.join(run.on)}"
+                     + (f" ({', '.join(notes)})" if notes else "") + f": {' '.join(run.argv)}")
     return lines
 
 

@@ -126,8 +126,9 @@ def test_a_missing_tun_device_is_the_hosts_fault(tmp_path: Path) -> None:
     script = ("import sys; from testbed.host import kernel; "
               "kernel.TUN_PATH = '/nonexistent/net/tun'; from testbed.cli import main; "
               "sys.exit(main(sys.argv[1:]))")
+    env = {**os.environ, "TESTBED_FRESH_PROBES": "1"}  # probe here, not the boot's verdict
     proc = subprocess.run([sys.executable, "-c", script, "run", "c.toml", "--out", "o",
-                           "--backend", "userspace"], cwd=tmp_path, text=True,
+                           "--backend", "userspace"], cwd=tmp_path, text=True, env=env,
                           capture_output=True, timeout=120, check=False)
     _one_line(proc, 3, "/nonexistent/net/tun does not exist", "modprobe tun")
 
