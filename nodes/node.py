@@ -35,6 +35,7 @@ from nodes.control import ControlError, field
 from nodes.limits import Limits, LimitsError
 from nodes.node_env import NodeEnv
 from nodes.rpc import Handlers, SelfServingCaller
+from nodes.sched_probe import SchedProbe
 from nodes.server import DataPlaneServer, serve_data_plane
 from nodes.service import Service, watch_parent
 from nodes.store import DURABILITY_MODES, PolicyStateArea, SqliteStore, remove_store_files
@@ -145,6 +146,8 @@ class Node:
         self._server_state: DataPlaneServer | None = None
         self._server_key: tuple[str, int] | None = None
         self._client_svc: Service | None = None
+        #: This process's scheduling delay per episode (nodes/sched_probe.py).
+        self.sched = SchedProbe()
 
     # --- helpers ------------------------------------------------------------------------
     def _ready(self) -> tuple[_Config, SqliteStore, NodeEnv, Policy]:
@@ -327,6 +330,7 @@ class Node:
             await client.rekey(cfg.identity, cfg.roster)
         self.counters.reset()
         self._new_episode_objects(cfg, store, client)
+        self.sched.reset()
         return {}
 
     async def op_seed(self, args: Mapping[str, Any]) -> dict[str, Any]:
@@ -455,6 +459,13 @@ class Node:
     async def op_counters(self, args: Mapping[str, Any]) -> dict[str, Any]:
         return self.counters.snapshot()
 
+    async def op_sched(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        """This process's scheduling delay since ``reset`` or the last ``restart``."""
+        report = self.sched.report()
+        if field(args, "restart", bool, default=False):
+            self.sched.reset()
+        return report
+
     async def op_head_log(self, args: Mapping[str, Any]) -> dict[str, Any]:
         _, store, _, _ = self._ready()
         return {"log": [list(entry) for entry in store.head_log()]}
@@ -476,6 +487,7 @@ async def run_node(control_path: str, parent_pid: int | None = None) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
             node = Node(nursery)
+            node.sched.start()
             try:
                 await nursery.start(serve_control, control_path, node)
                 log.info("control socket ready at %s", control_path)
@@ -491,5 +503,6 @@ async def run_node(control_path: str, parent_pid: int | None = None) -> None:
                                    node.shutdown_requested)
                 await node.shutdown_requested.wait()
             finally:
+                node.sched.stop()
                 await node.close()
                 nursery.cancel_scope.cancel()

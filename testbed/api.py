@@ -65,20 +65,26 @@ def from_dict(data: Mapping[str, Any], *, plugins: Sequence[str] = (),
                                                 where="--plugin"))
 
 
-def check(campaign: Campaign, *, jobs: int = 1, backend: str | None = None) -> list[str]:
-    """The plan (cells, episodes, networks, a wall-time estimate) as lines; creates
-    nothing. Raises the one-line error a run would raise for the backend."""
+def check(campaign: Campaign, *, jobs: int = 1, backend: str | None = None,
+          repeats: int = 1) -> list[str]:
+    """The plan (cells, episodes, networks, a wall-time estimate) and the expected
+    resolution of its paired comparisons at ``repeats`` as lines; creates nothing.
+    Raises the one-line error a run would raise for the backend."""
     from testbed.tools.plan_view import plan_lines
+    from testbed.tools.resolution_view import resolution_report
 
     check_backend(campaign, backend or campaign.options.backend)
-    return plan_lines(campaign, jobs=jobs, backend=backend)
+    return [*plan_lines(campaign, jobs=jobs, backend=backend),
+            *resolution_report(campaign, repeats=repeats)]
 
 
 def run(campaign: Campaign, out: str | Path, *, resume: bool = False, extend: bool = False,
         jobs: int | None = None, backend: str | None = None, workdir: str | Path | None = None,
-        console: Console | None = None, host_lanes: int | None = None,
-        allow_dirty: bool = False) -> RunSummary:
-    """Run ``campaign`` into ``out`` (``resume``: finish an interrupted run there).
+        console: Console | None = None, repeats: int = 1, rerun_disturbed: int = 0,
+        host_lanes: int | None = None, allow_dirty: bool = False) -> RunSummary:
+    """Run ``campaign`` into ``out`` (``resume``: finish an interrupted run there);
+    ``repeats`` runs per episode and ``rerun_disturbed`` reruns of a disturbed one
+    (docs/campaigns.md, "Attempts").
 
     The run holds lanes of the host's budget (``host_lanes``, default 8 per CPU;
     docs/campaigns.md, "Host-wide lanes") beside other runs on this host; a run into
@@ -87,12 +93,14 @@ def run(campaign: Campaign, out: str | Path, *, resume: bool = False, extend: bo
     says what could not be removed at the end."""
     from testbed.host.lanes import HostLanes
     from testbed.host.ledger import Ledger, clean_dead_runs, run_state_dir
+    from testbed.run.attempts import AttemptPolicy
     from testbed.run.contract import Runner
     from testbed.run.episode import EpisodeRunner
     from testbed.run.failures import contained_ledger
     from testbed.run.loop import run_campaign
 
     out = Path(out)
+    attempts = AttemptPolicy(repeats, rerun_disturbed)
     lanes = jobs if jobs is not None else campaign.execution.jobs
     check_backend(campaign, backend or campaign.options.backend)
     shaped = any(campaign.network_profile(n).link is not None for n in campaign.network_names())
@@ -122,7 +130,8 @@ def run(campaign: Campaign, out: str | Path, *, resume: bool = False, extend: bo
                        label=label) as host:
             summary.append(await run_campaign(campaign, out, resume=resume, extend=extend,
                                               jobs=lanes, runner=runner, console=printer,
-                                              host=host, allow_dirty=allow_dirty))
+                                              host=host, allow_dirty=allow_dirty,
+                                              attempts=attempts))
 
     with contained_ledger(label) as (ledger, left):  # a teardown error: in summary.left
         trio.run(main, ledger)
@@ -149,13 +158,16 @@ def actions(run_dir: str | Path) -> pd.DataFrame:
 
 
 def report(run_dir: str | Path, *, draws: int = 10_000, seed: int = 0,
-           console: Console | None = None, episode: str | None = None) -> dict[str, Any]:
-    """Write tables, figures and report.md/html into ``run_dir``; what was written. The
-    plugins the run recorded are loaded first where they still import (their policies'
-    titles and categories label the tables; testbed.campaign.plugins rule 3)."""
+           console: Console | None = None, episode: str | None = None,
+           exclude_disturbed: bool = False) -> dict[str, Any]:
+    """Write tables, figures and report.md/html into ``run_dir``; what was written.
+    ``exclude_disturbed`` leaves disturbed attempts out of every table. The plugins the
+    run recorded are loaded first where they still import (their policies' titles and
+    categories label the tables; testbed.campaign.plugins rule 3)."""
     path = _run_dir(run_dir)
     recorded = load_run(path).manifest.get("plugins") or {}
     for note in load_recorded(recorded if isinstance(recorded, Mapping) else {}):
         if console is not None:
             console.print(f"report: note: {note}", markup=False)
-    return build_report(path, draws=draws, seed=seed, console=console, episode=episode)
+    return build_report(path, draws=draws, seed=seed, console=console, episode=episode,
+                        exclude_disturbed=exclude_disturbed)

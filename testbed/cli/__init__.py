@@ -15,7 +15,16 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from testbed.cli import bench, campaigns, cluster, info, maintenance, policies, programs
+from testbed.cli import (
+    bench,
+    campaigns,
+    cluster,
+    info,
+    maintenance,
+    policies,
+    precision,
+    programs,
+)
 from testbed.cli.common import (
     ARGV,
     EXIT_HOST,
@@ -26,7 +35,7 @@ from testbed.cli.common import (
 from testbed.errors import HostError, UserError, one_line
 
 #: Sub-command modules in the order `testbed --help` lists them.
-COMMAND_MODULES = (info, campaigns, programs, policies, cluster, maintenance, bench)
+COMMAND_MODULES = (info, campaigns, precision, programs, policies, cluster, maintenance, bench)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -16,6 +16,7 @@ from testbed.cli.common import (
     positive_int,
     require_namespaces,
 )
+from testbed.cli.precision import add_precision_arguments
 from testbed.errors import UserError
 
 
@@ -34,13 +35,40 @@ def cmd_check(args: argparse.Namespace) -> int:
     campaign = _load(args)
     jobs = args.jobs if args.jobs is not None else campaign.execution.jobs
     out = console()
-    for line in api.check(campaign, jobs=jobs, backend=args.backend):
+    for line in api.check(campaign, jobs=jobs, backend=args.backend, repeats=args.repeats):
         out.print(line, markup=False)
     out.print("dry run: nothing was created (no run directory, no namespace)", markup=False)
     return 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from testbed.run.attempts import AttemptPolicy
+
+    if args.dry_run:
+        return cmd_check(args)
+    campaign = _load(args)
+    out = directory("--out", args.out) or DEFAULT_RESULTS / campaign.name
+    if args.until_resolved is not None:
+        from testbed.tools.until_resolved import run_until_resolved
+
+        summaries: list[Any] = []
+
+        def execute(grown: Any, attempts: Any, resume: bool, extend: bool) -> None:
+            summaries.append(_execute(args, grown, out, attempts, resume=resume,
+                                      extend=extend))
+
+        status = run_until_resolved(args, campaign, out, execute, console())
+        return max([status, *(_ended(summary) for summary in summaries)])
+    summary = _execute(args, campaign, out, AttemptPolicy(args.repeats, args.rerun_disturbed),
+                       resume=args.resume, extend=args.extend)
+    console().print(f"results: {out}")
+    return _ended(summary)
+
+
+def _execute(args: argparse.Namespace, campaign: Any, out: Path, attempts: Any, *,
+             resume: bool, extend: bool) -> Any:
+    """Run (or resume, or extend) ``campaign`` into ``out`` as ``testbed run`` does; the
+    run's summary (``RunSummary``)."""
     import trio
 
     from testbed import api
@@ -49,10 +77,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     from testbed.run.failures import contained_ledger
     from testbed.run.loop import run_campaign
 
-    if args.dry_run:
-        return cmd_check(args)
-    campaign = _load(args)
-    out = directory("--out", args.out) or DEFAULT_RESULTS / campaign.name
     workdir = directory("--workdir", args.workdir)
     cluster = args.cluster or campaign.execution.cluster
     jobs = args.jobs if args.jobs is not None else campaign.execution.jobs
@@ -68,13 +92,12 @@ def cmd_run(args: argparse.Namespace) -> int:
                         "drop --cluster (use --jobs N for lanes)")
     out_console = console()
     if cluster is None:
-        summary = api.run(campaign, out, resume=args.resume, extend=args.extend, jobs=jobs,
-                          backend=args.backend, workdir=workdir, console=out_console,
-                          host_lanes=args.host_lanes, allow_dirty=args.allow_dirty)
-        out_console.print(f"results: {out}")
-        return _ended(summary)
+        return api.run(campaign, out, resume=resume, extend=extend, jobs=jobs,
+                       backend=args.backend, workdir=workdir, console=out_console,
+                       repeats=attempts.repeats, rerun_disturbed=attempts.rerun_disturbed,
+                       host_lanes=args.host_lanes, allow_dirty=args.allow_dirty)
     label = str(Path(out).absolute())
-    if args.resume or args.extend:  # what a killed run (this one's, or any) left behind
+    if resume or extend:  # what a killed run (this one's, or any) left behind
         for item in clean_dead_runs(run_state_dir()):
             out_console.print(f"removed {item} (left by an interrupted run)")
 
@@ -84,14 +107,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         async with open_dask_engine(cluster, backend=args.backend, workdir=workdir,
                                     allow_mixed_backends=mixed) as engine:
             await engine.survey(campaign)
-            return await run_campaign(campaign, out, resume=args.resume, extend=args.extend,
-                                      engine=engine, console=out_console,
+            return await run_campaign(campaign, out, resume=resume, extend=extend,
+                                      engine=engine, console=out_console, attempts=attempts,
                                       allow_dirty=args.allow_dirty)
 
     with contained_ledger(label) as (ledger, left):
         summary = trio.run(main, ledger)
-    out_console.print(f"results: {out}")
-    return _ended(dataclasses.replace(summary, left=tuple(left)))
+    return dataclasses.replace(summary, left=tuple(left))
 
 
 def _ended(summary: Any) -> int:
@@ -114,7 +136,7 @@ def cmd_report(args: argparse.Namespace) -> int:
                         "(run a campaign into it first, or finish it with --resume)")
     out_console = console()
     summary = api.report(run_dir, draws=args.draws, seed=args.seed, console=out_console,
-                         episode=args.episode)
+                         episode=args.episode, exclude_disturbed=args.exclude_disturbed)
     out_console.print(f"report: {run_dir / 'report.md'} ({len(summary.get('tables', []))} "
                       f"tables, {len(summary.get('figures', []))} figures)")
     return 0
@@ -135,6 +157,8 @@ def register(sub: Any) -> None:
                    help="lanes the wall-time estimate assumes (default: [execution] jobs, else 1)")
     p.add_argument("--templates", type=int, metavar="N", help="override the template count")
     p.add_argument("--backend", choices=list(BACKENDS), help="backend to plan for")
+    p.add_argument("--repeats", type=positive_int, default=1, metavar="R",
+                   help="repeats the expected resolution assumes (default 1)")
     _plugin_flag(p)
     p.set_defaults(func=cmd_check)
 
@@ -174,6 +198,7 @@ def register(sub: Any) -> None:
                         "option, else auto); unshaped ones (loopback) never get one")
     p.add_argument("--workdir", metavar="DIR", help="where node stores and sockets live "
                                                     "(default: a fresh directory under /tmp)")
+    add_precision_arguments(p)
     _plugin_flag(p)
     p.set_defaults(func=cmd_run)
 
@@ -184,4 +209,8 @@ def register(sub: Any) -> None:
     p.add_argument("--episode", metavar="KEY",
                    help="draw the link plots of this episode (default: the first episode "
                         "with a link log of each network)")
+    p.add_argument("--exclude-disturbed", action="store_true",
+                   help="leave disturbed attempts out of every table (the report says how "
+                        "many; an episode with no undisturbed attempt drops out with its "
+                        "pairs)")
     p.set_defaults(func=cmd_report)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
+from testbed.report.attempts import disturbed_lines
 from testbed.report.budget import budget_figure
 from testbed.report.figures import build_figures
 from testbed.report.link_figures import link_figures, link_health_lines
@@ -34,6 +35,7 @@ def build_report(
     seed: int = 0,
     console: Printer | None = None,
     episode: str | None = None,
+    exclude_disturbed: bool = False,
 ) -> dict[str, Any]:
     """Write the report of the campaign in ``run_dir``; returns what was written.
 
@@ -41,6 +43,7 @@ def build_report(
     (PNG and SVG paths), ``figure_data`` (CSV behind figures), ``report_md``,
     ``report_html``, ``notes`` (parts skipped and why). ``episode``: the episode whose
     link plots to draw (default: the first with a link log of each network).
+    ``exclude_disturbed``: leave disturbed attempts out of every table and figure.
     """
     if draws < 1:
         raise ValueError(f"draws: must be >= 1, got {draws}")
@@ -50,8 +53,13 @@ def build_report(
         if console is not None:
             console.print(message)
 
-    run = load_run(run_dir)
+    run = load_run(run_dir, exclude_disturbed=exclude_disturbed)
     say(f"report: {run.campaign}: {len(run.episodes)} episodes, {len(run.actions)} actions")
+    host_lines = ([] if run.attempts is None
+                  else disturbed_lines(run.attempts, run.excluded))
+    if run.excluded is not None:
+        say(f"report: --exclude-disturbed left out {run.excluded[0]} attempts "
+            f"({run.excluded[1]} episodes with no undisturbed attempt)")
     tables = build_tables(run, draws=draws, seed=seed)
     table_files: list[Path] = []
     for table in tables:
@@ -72,7 +80,8 @@ def build_report(
     figure_data = [p for p in written if p not in figure_paths]
     say(f"report: {len(figure_paths)} figure files -> {run_dir / 'figures'}")
     pngs = [p for p in figure_paths if p.suffix == ".png"]
-    inputs = ReportInputs(run, tables, pngs, notes, draws, seed, link_health_lines(run))
+    inputs = ReportInputs(run, tables, pngs, notes, draws, seed,
+                          link_health_lines(run) + host_lines)
     report_md = run_dir / "report.md"
     report_html = run_dir / "report.html"
     report_md.write_text(render_markdown(inputs, run_dir))

@@ -6,6 +6,11 @@ frame. The scheduled-action denominator of an aborted episode is its
 ``scheduled_actions`` column when the runner wrote one, otherwise the attempted count
 of a completed episode with the same schedule (same workload parameters and template):
 aborted slots stay in availability denominators and nothing is imputed for them.
+
+Counts are derived per attempt; then every episode's attempts become its one verdict
+row (``testbed/report/attempts.py``: repeats, reruns of disturbed attempts and
+``exclude_disturbed``), and ``Run.attempts`` keeps every attempt for the report's
+disturbance lines.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import Any
 
 import pandas as pd
 
+from testbed.report.attempts import collapse, with_attempt_columns
 from testbed.results.rundir import RunDirError
 from testbed.results.schema import SCHEDULE_COLUMNS
 from testbed.results.schema import STRATUM_COLUMNS as CELL_COLUMNS
@@ -30,6 +36,10 @@ class Run:
     manifest: dict[str, Any]
     actions: pd.DataFrame
     episodes: pd.DataFrame  # with derived columns scheduled, issued, invalid_n, available, valid
+    #: Every attempt as recorded (with counts and ``verdict``); None: not split out.
+    attempts: pd.DataFrame | None = None
+    #: With ``exclude_disturbed``: (disturbed attempts, episodes) left out of the tables.
+    excluded: tuple[int, int] | None = None
 
     @property
     def campaign(self) -> str:
@@ -47,8 +57,9 @@ _REQUIRED_EPISODE = ("policy", "network", "episode", "stall_ms_per_action", "kib
 _REQUIRED_ACTION = ("policy", "episode", "outcome", "invalid")
 
 
-def load_run(path: Path) -> Run:
-    """Read manifest.json, actions.parquet and episodes.parquet from ``path``."""
+def load_run(path: Path, *, exclude_disturbed: bool = False) -> Run:
+    """Read manifest.json, actions.parquet and episodes.parquet from ``path``; one row
+    per episode (its verdict attempts), disturbed attempts left out if asked."""
     for name in ("manifest.json", "actions.parquet", "episodes.parquet"):
         if not (path / name).is_file():
             raise RunDirError(f"{path}: missing {name}")
@@ -59,7 +70,12 @@ def load_run(path: Path) -> Run:
     episodes = pd.read_parquet(path / "episodes.parquet")
     _require(episodes, _REQUIRED_EPISODE, path / "episodes.parquet")
     _require(actions, _REQUIRED_ACTION, path / "actions.parquet")
-    return Run(path, manifest, actions, with_action_counts(episodes, actions))
+    episodes = with_attempt_columns(episodes)
+    actions = with_attempt_columns(actions, episodes=False)
+    view = collapse(with_action_counts(episodes, actions), actions,
+                    exclude_disturbed=exclude_disturbed)
+    excluded = (view.excluded_attempts, view.excluded_episodes) if exclude_disturbed else None
+    return Run(path, manifest, view.actions, view.episodes, view.attempts, excluded)
 
 
 def _require(frame: pd.DataFrame, columns: tuple[str, ...], where: Path) -> None:
@@ -70,7 +86,8 @@ def _require(frame: pd.DataFrame, columns: tuple[str, ...], where: Path) -> None
 
 def join_keys(episodes: pd.DataFrame, actions: pd.DataFrame) -> list[str]:
     """Columns that identify one episode in both frames."""
-    keys = [c for c in ("campaign", "cell", "episode") if c in episodes and c in actions]
+    keys = [c for c in ("campaign", "cell", "episode", "attempt")
+            if c in episodes and c in actions]
     if "cell" not in keys:
         keys += [c for c in ("policy", *CELL_COLUMNS) if c in episodes and c in actions]
     return keys

@@ -93,7 +93,10 @@ def _conventions(inputs: ReportInputs) -> list[str]:
         "their costs are left out, nothing is imputed.",
         f"Paired intervals: two-stage bootstrap over families then templates, {inputs.draws} "
         f"draws, seed {inputs.seed}, 95% percentile interval of the change in median stall.",
-        "A difference under 10% of the larger median is a practical tie.",
+        "A difference under 10% of the larger median is a practical tie. Every paired change "
+        "states its resolution (the half-width of its 95% interval) beside that band; one "
+        "whose interval straddles an edge of the band is unresolved at this size, neither a "
+        "tie nor a difference.",
         "See docs/reports.md in the repository for how to read each table and figure.",
     ]
 
@@ -104,7 +107,7 @@ def render_markdown(inputs: ReportInputs, out_dir: Path) -> str:
     parts += ["", "## Overview", ""] + [f"- {line}" for line in _overview(inputs.run)]
     parts += ["", "## Conventions", ""] + [f"- {line}" for line in _conventions(inputs)]
     if inputs.link_lines:
-        parts += ["", "## Links", ""] + [f"- {line}" for line in inputs.link_lines]
+        parts += ["", "## Links and host", ""] + [f"- {line}" for line in inputs.link_lines]
     parts += ["", "## Tables", ""]
     if not inputs.tables:
         parts.append("This campaign holds none of the cells the table layouts compare.")
@@ -148,7 +151,7 @@ def render_html(inputs: ReportInputs) -> str:
     body += [f"<li>{esc(line)}</li>" for line in _conventions(inputs)]
     body.append("</ul>")
     if inputs.link_lines:
-        body += ["<h2>Links</h2>", "<ul>"] + [f"<li>{esc(x)}</li>" for x in inputs.link_lines]
+        body += ["<h2>Links and host</h2>", "<ul>"] + [f"<li>{esc(x)}</li>" for x in inputs.link_lines]
         body.append("</ul>")
     body += ["<h2>Tables</h2>"]
     if not inputs.tables:

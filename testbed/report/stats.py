@@ -17,7 +17,13 @@ Conventions (paper appendix C.1, written here in our own terms):
   interval is the 2.5-97.5 percentile range of the draws. ``scipy.stats.bootstrap``
   resamples one level only, so the two stages are written here with numpy, vectorised
   over draws (families of unequal size are padded and masked).
-* Practical tie: two medians whose difference is under 10% of the larger one.
+* Practical tie: two medians whose difference is under 10% of the larger one. On the
+  relative change ``a / b - 1`` that is the band (-10%, +11.1%) (:func:`tie_band`).
+* Resolution and verdict of a paired comparison: its resolution is the half-width of
+  its 95% interval of the change; its verdict reads the interval against the tie band:
+  ``lower`` / ``higher`` when the whole interval lies below / above the band, ``tie``
+  when it lies inside, ``unresolved`` when it straddles an edge of the band (the
+  campaign is too small to tell; more templates or repeats narrow the interval).
 """
 
 from __future__ import annotations
@@ -40,6 +46,38 @@ def practical_tie(x: float, y: float, fraction: float = TIE_FRACTION) -> bool:
     """True when |x - y| is below ``fraction`` of the larger magnitude (both zero: tie)."""
     larger = max(abs(x), abs(y))
     return bool(abs(x - y) < fraction * larger) or larger == 0.0
+
+
+VERDICTS = ("lower", "higher", "tie", "unresolved")
+VERDICT_TEXT = {"lower": "lower", "higher": "higher", "tie": "tie",
+                "unresolved": "unresolved at this size"}
+
+
+def tie_band(fraction: float = TIE_FRACTION) -> tuple[float, float]:
+    """The practical-tie rule as a band of the relative change ``a / b - 1``."""
+    return -fraction, fraction / (1.0 - fraction)
+
+
+def interval_verdict(low: float, high: float, fraction: float = TIE_FRACTION) -> str:
+    """``lower``, ``higher``, ``tie`` or ``unresolved`` for a change interval (module
+    docstring); an interval that is not finite is unresolved."""
+    if not (np.isfinite(low) and np.isfinite(high)):
+        return "unresolved"
+    band_low, band_high = tie_band(fraction)
+    if high <= band_low:
+        return "lower"
+    if low >= band_high:
+        return "higher"
+    if low > band_low and high < band_high:
+        return "tie"
+    return "unresolved"
+
+
+def half_width(low: float, high: float) -> float:
+    """The resolution of an interval: its half-width (NaN when it is not finite)."""
+    if not (np.isfinite(low) and np.isfinite(high)):
+        return float("nan")
+    return (high - low) / 2.0
 
 
 def median_iqr(values: Sequence[float] | pd.Series | FloatArray) -> tuple[float, float, float]:
@@ -166,6 +204,16 @@ class Comparison:
     def excludes_zero(self) -> bool:
         return bool(self.diff_low > 0 or self.diff_high < 0)
 
+    @property
+    def resolution(self) -> float:
+        """Half-width of the 95% interval of the relative change (a fraction)."""
+        return half_width(self.change_low, self.change_high)
+
+    @property
+    def verdict(self) -> str:
+        """``lower``, ``higher``, ``tie`` or ``unresolved`` (a against b; module docstring)."""
+        return interval_verdict(self.change_low, self.change_high)
+
 
 def _ratio_minus_one(num: FloatArray, den: FloatArray) -> FloatArray:
     out = np.full(num.shape, np.nan)
@@ -235,6 +283,33 @@ def compare(
         change_high=float(ch_hi),
         tie=practical_tie(med_a, med_b),
     )
+
+
+def family_floor(pairs: pd.DataFrame, *, draws: int = DEFAULT_DRAWS, seed: int = 0) -> float:
+    """Half-width of the change interval when only families are resampled (stage 1 alone,
+    every family's pairs kept whole): the part of the resolution that more templates or
+    repeats cannot narrow while the number of families stays the same."""
+    if pairs.empty or pairs["family"].nunique() < 2:
+        return 0.0
+    groups = [g for _, g in pairs.groupby("family", sort=True)]
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(groups), size=(draws, len(groups)))
+    counts = np.stack([np.bincount(row, minlength=len(groups)) for row in picks])
+    unique, inverse = np.unique(counts, axis=0, return_inverse=True)
+    changes = np.empty(len(unique))
+    for i, row in enumerate(unique):
+        a = np.concatenate([np.repeat(g["a"].to_numpy(float), n) for g, n in zip(groups, row,
+                                                                                  strict=True)])
+        b = np.concatenate([np.repeat(g["b"].to_numpy(float), n) for g, n in zip(groups, row,
+                                                                                  strict=True)])
+        med_b = float(np.median(b))
+        changes[i] = float(np.median(a)) / med_b - 1.0 if med_b else np.nan
+    values = changes[np.asarray(inverse).reshape(-1)]
+    values = values[np.isfinite(values)]
+    if values.size == 0:
+        return float("nan")
+    low, high = np.percentile(values, INTERVAL)
+    return float(high - low) / 2.0
 
 
 # --- the paper's per-template ratios (appendix H) -------------------------------------------

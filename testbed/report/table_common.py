@@ -9,7 +9,14 @@ import pandas as pd
 
 from testbed.report import slicing
 from testbed.report.load import Run
-from testbed.report.stats import Comparison, RowSummary, compare, paired
+from testbed.report.stats import (
+    TIE_FRACTION,
+    VERDICT_TEXT,
+    Comparison,
+    RowSummary,
+    compare,
+    paired,
+)
 from testbed.report.tabular import BEST, SECOND, Table, pct
 from testbed.results.schema import STRATUM_COLUMNS as CELL_COLUMNS
 
@@ -77,10 +84,14 @@ def policy_rows(frame: pd.DataFrame, policy: str) -> pd.DataFrame:
 
 
 def comparison_text(result: Comparison | None) -> str:
+    """Change [95% interval], its resolution beside the tie band, and the verdict."""
     if result is None:
         return "–"
     text = f"{pct(result.change)} [{pct(result.change_low)}, {pct(result.change_high)}]"
-    return text + (" tie" if result.tie else "")
+    resolution = ("±–" if pd.isna(result.resolution)
+                  else f"±{100 * result.resolution:.1f}%")
+    return (f"{text} {resolution} (tie band {100 * TIE_FRACTION:.0f}%): "
+            f"{VERDICT_TEXT[result.verdict]}")
 
 
 def compare_pair(
@@ -102,6 +113,8 @@ def comparison_columns(prefix: str, result: Comparison | None) -> dict[str, obje
         f"{prefix}_change_low": result.change_low,
         f"{prefix}_change_high": result.change_high,
         f"{prefix}_tie": result.tie,
+        f"{prefix}_resolution": result.resolution,
+        f"{prefix}_verdict": result.verdict,
     }
 
 

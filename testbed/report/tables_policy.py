@@ -56,12 +56,15 @@ def _paired_table(
     rows: list[list[Cell]] = []
     records: list[dict[str, object]] = []
     lower: list[str] = []
+    unresolved: list[str] = []
     for policy in policies:
         if policy == "planfence":
             continue
         stall = compare_pair(frame, "policy", "planfence", policy, STALL, options)
-        if stall is not None and stall.change < 0 and not stall.tie:
+        if stall is not None and stall.verdict == "lower":
             lower.append(policy)
+        elif stall is not None and stall.verdict == "unresolved":
+            unresolved.append(policy)
         kib = compare_pair(frame, "policy", "planfence", policy, KIB, options)
         rows.append([Cell(naming.display_name(policy)), Cell(naming.category(policy)),
                      Cell(str(stall.pairs if stall else 0)), Cell(comparison_text(stall)),
@@ -70,8 +73,13 @@ def _paired_table(
                         **comparison_columns("stall", stall), **comparison_columns("kib", kib)})
     findings = []
     if lower:
-        findings.append("PlanFence's paired median stall is more than 10% below: "
+        findings.append("PlanFence's paired median stall is more than 10% below, with the "
+                        "whole 95% interval below the tie band: "
                         + ", ".join(naming.display_name(str(p)) for p in lower) + ".")
+    if unresolved:
+        findings.append("Unresolved at this size (the interval straddles the tie band; more "
+                        "templates or --repeats narrow it): "
+                        + ", ".join(naming.display_name(str(p)) for p in unresolved) + ".")
     return layout(run, frame, records,
         name=f"paired_d1_{network}",
         title=f"Paired comparisons at rho = 4 on {network}: PlanFence against each policy",
@@ -80,7 +88,8 @@ def _paired_table(
         rows=rows,
         legend="Change = PlanFence median / other median - 1 over templates with identical "
         "schedules (aborted episodes dropped with their pair); 95% two-stage bootstrap "
-        "interval; 'tie' marks a difference under 10% of the larger median.",
+        "interval, its resolution (half-width) and the verdict against the 10% tie band: "
+        "lower, higher, tie, or unresolved at this size when the interval straddles the band.",
         findings=findings,
     )
 

@@ -148,7 +148,7 @@ def offset_tables(run: Run, options: Options) -> list[Table]:
             continue
         rows: list[list[Cell]] = []
         records: list[dict[str, object]] = []
-        lower = ties = excl = total = 0
+        lower = ties = excl = total = unresolved = 0
         for keys in slicing.sorted_values(frame, "keys"):
             for offset in slicing.sorted_values(frame, "trace_offset_s"):
                 part = frame[(frame["keys"] == keys) & (frame["trace_offset_s"] == offset)]
@@ -162,6 +162,7 @@ def offset_tables(run: Run, options: Options) -> list[Table]:
                 lower += int(s["planfence"].stall_ms < s["batched_all_key"].stall_ms)
                 ties += int(practical_tie(s["planfence"].stall_ms, s["batched_all_key"].stall_ms))
                 excl += int(result is not None and result.excludes_zero)
+                unresolved += int(result is None or result.verdict == "unresolved")
                 for i, policy in enumerate(PAIR):
                     rows.append([Cell(slicing.number(keys)), Cell(f"{slicing.number(offset)} s"),
                                  Cell(naming.display_name(policy)),
@@ -184,7 +185,8 @@ def offset_tables(run: Run, options: Options) -> list[Table]:
             legend="Bold: at least 10% lower within the keys/offset pair; unmarked pairs tie.",
             findings=[f"PlanFence has the lower median stall in {lower} of {total} keys/offset "
                       f"pairs ({ties} within the 10% tie band); the paired interval excludes "
-                      f"zero in {excl} of {total}."],
+                      f"zero in {excl} of {total}, and straddles the tie band (unresolved "
+                      f"at this size) in {unresolved} of {total}."],
         ))
     return tables
 

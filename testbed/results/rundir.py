@@ -13,13 +13,19 @@ Rules this module obeys (a killed campaign loses at most the episode in flight):
    after (a kill between the two is reconciled on the next open).
 3. A temporary file never has a final name, so a kill never leaves a torn file that
    is read as a result; leftovers are deleted when the directory is opened.
-4. Consolidation reads only committed shards, deduplicates by episode key and writes
+4. Consolidation reads only committed shards, deduplicates by (episode, attempt), writes
    both tables under temporary names before renaming them. Raw shards are never
    rewritten by analysis.
 5. The consolidated tables are the portable form of a run (results/ commits them and
    ignores shards/ and state.sqlite). Opening a directory whose consolidated tables
    hold episodes that have no shard (a fresh clone) first writes those shards back
    from the tables, so ``--resume`` and ``--extend`` never repeat a committed episode.
+6. Attempts: an episode may run several times with the same schedule (repeats, reruns
+   of a disturbed run), each its own pair of shards (``<episode>.parquet`` for attempt
+   1, ``<episode>@<n>.parquet`` for attempt n) and rows with that ``attempt`` number;
+   none replaces another. The ledger's ``attempts`` table records each committed
+   attempt's repeat, disturbed and aborted flags (reconciled from the shards on open),
+   which is what the loop plans the next attempts from.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import sqlite3
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -40,6 +46,25 @@ import pyarrow.parquet as pq
 from testbed.errors import UserError
 from testbed.results.atomic import TMP_MARK, write_json_atomic, write_table_atomic
 from testbed.results.schema import ACTION_SCHEMA, EPISODE_SCHEMA, ResultRowError, rows_table
+
+ATTEMPT_MARK = "@"
+
+
+class Attempt(NamedTuple):
+    """One committed attempt of an episode (rule 6)."""
+
+    attempt: int
+    repeat: int
+    disturbed: bool
+    aborted: bool
+
+
+def split_shard_name(stem: str) -> tuple[str, int]:
+    """(episode key, attempt) of a shard's file stem (rule 6)."""
+    base, mark, number = stem.rpartition(ATTEMPT_MARK)
+    if mark and number.isdigit() and int(number) > 1:
+        return base.replace("~", "/"), int(number)
+    return stem.replace("~", "/"), 1
 
 
 class RunDirError(UserError):
@@ -91,11 +116,16 @@ class RunDir:
                    "status TEXT NOT NULL CHECK (status IN ('started', 'complete')), "
                    "attempts INTEGER NOT NULL, started_at TEXT, completed_at TEXT, "
                    "aborted INTEGER)")
+        db.execute("CREATE TABLE IF NOT EXISTS attempts (key TEXT NOT NULL, "
+                   "attempt INTEGER NOT NULL, repeat INTEGER NOT NULL, "
+                   "disturbed INTEGER NOT NULL, aborted INTEGER NOT NULL, "
+                   "PRIMARY KEY (key, attempt))")
         self._db = db
         self._restore_shards()
         for key in self.completed():
             db.execute("UPDATE episodes SET status='complete' WHERE key=? AND "
                        "status='started'", (key,))
+        self._reconcile_attempts()
 
     def close(self) -> None:
         if self._db is not None:
@@ -144,8 +174,9 @@ class RunDir:
         return manifest
 
     # -- ledger
-    def _shard_name(self, key: str) -> str:
-        return key.replace("/", "~") + ".parquet"
+    def _shard_name(self, key: str, attempt: int = 1) -> str:
+        stem = key.replace("/", "~")
+        return (stem if attempt <= 1 else f"{stem}{ATTEMPT_MARK}{attempt}") + ".parquet"
 
     def mark_started(self, key: str) -> None:
         self.db.execute(
@@ -159,22 +190,58 @@ class RunDir:
         """Commit an episode's rows (full result-column rows) as shards, then mark it."""
         if episode.get("episode") != key or any(a.get("episode") != key for a in actions):
             raise ResultRowError(f"episode {key}: rows carry a different episode key")
+        attempt = _attempt_of(episode)
+        if any(_attempt_of(a) != attempt for a in actions):
+            raise ResultRowError(f"episode {key}: action rows carry another attempt")
         action_table = rows_table(actions, ACTION_SCHEMA, f"episode {key}: action rows")
         episode_table = rows_table([episode], EPISODE_SCHEMA, f"episode {key}: episode row")
-        name = self._shard_name(key)
+        name = self._shard_name(key, attempt)
+        if (self.episodes_dir / name).exists():
+            raise ResultRowError(f"episode {key}: attempt {attempt} is already committed")
         write_table_atomic(action_table, self.actions_dir / name)
         write_table_atomic(episode_table, self.episodes_dir / name)  # the commit point
         self.db.execute("UPDATE episodes SET status='complete', completed_at=?, aborted=? "
                         "WHERE key=?", (_now_iso(), int(bool(episode.get("aborted"))), key))
+        self._note_attempt(key, _attempt_record(episode))
 
     def completed(self) -> set[str]:
         """Keys of committed episodes (their episode shard exists under its final name)."""
         if not self.episodes_dir.exists():
             return set()
-        keys = set()
-        for shard in self.episodes_dir.glob("*.parquet"):
-            keys.add(shard.name.removesuffix(".parquet").replace("~", "/"))
-        return keys
+        return {key for key, _ in self._committed_attempts()}
+
+    def _committed_attempts(self) -> set[tuple[str, int]]:
+        if not self.episodes_dir.exists():
+            return set()
+        return {split_shard_name(shard.name.removesuffix(".parquet"))
+                for shard in self.episodes_dir.glob("*.parquet")}
+
+    def attempts(self) -> dict[str, list[Attempt]]:
+        """key -> its committed attempts in attempt order (rule 6)."""
+        out: dict[str, list[Attempt]] = {}
+        rows = self.db.execute("SELECT key, attempt, repeat, disturbed, aborted FROM attempts "
+                               "ORDER BY key, attempt").fetchall()
+        for key, attempt, repeat, disturbed, aborted in rows:
+            out.setdefault(str(key), []).append(
+                Attempt(int(attempt), int(repeat), bool(disturbed), bool(aborted)))
+        return out
+
+    def _note_attempt(self, key: str, record: Attempt) -> None:
+        self.db.execute("INSERT OR REPLACE INTO attempts (key, attempt, repeat, disturbed, "
+                        "aborted) VALUES (?, ?, ?, ?, ?)",
+                        (key, record.attempt, record.repeat, int(record.disturbed),
+                         int(record.aborted)))
+
+    def _reconcile_attempts(self) -> None:
+        """Record committed attempts the ledger does not know (a kill between the
+        shard's rename and the ledger update; shards restored from a clone)."""
+        known = {(str(k), int(a)) for k, a in
+                 self.db.execute("SELECT key, attempt FROM attempts").fetchall()}
+        for key, attempt in sorted(self._committed_attempts() - known):
+            shard = self.episodes_dir / self._shard_name(key, attempt)
+            rows = pq.read_table(shard, schema=EPISODE_SCHEMA).to_pylist()
+            if rows:
+                self._note_attempt(key, _attempt_record(rows[0])._replace(attempt=attempt))
 
     def ledger(self) -> dict[str, tuple[str, int]]:
         """key -> (status, attempts) as recorded in ``state.sqlite``."""
@@ -186,22 +253,26 @@ class RunDir:
         episodes_path = self.path / "episodes.parquet"
         if not episodes_path.exists():
             return 0
-        episodes = pq.read_table(episodes_path, schema=EPISODE_SCHEMA)
-        done = self.completed()
-        missing = sorted(set(episodes.column("episode").to_pylist()) - done)
+        episodes = _with_attempts(pq.read_table(episodes_path, schema=EPISODE_SCHEMA))
+        done = self._committed_attempts()
+        held = set(zip(episodes.column("episode").to_pylist(),
+                       episodes.column("attempt").to_pylist(), strict=True))
+        missing = sorted(held - done)
         if not missing:
             return 0
         actions_path = self.path / "actions.parquet"
-        actions = (pq.read_table(actions_path, schema=ACTION_SCHEMA) if actions_path.exists()
-                   else ACTION_SCHEMA.empty_table())
-        episode_keys = episodes.column("episode")
-        action_keys = actions.column("episode")
-        for key in missing:
-            name = self._shard_name(key)
-            write_table_atomic(actions.filter(pc.equal(action_keys, key)),
-                               self.actions_dir / name)
-            write_table_atomic(episodes.filter(pc.equal(episode_keys, key)),
-                               self.episodes_dir / name)
+        actions = _with_attempts(pq.read_table(actions_path, schema=ACTION_SCHEMA)
+                                 if actions_path.exists() else ACTION_SCHEMA.empty_table())
+
+        def rows_of(table: pa.Table, key: str, attempt: int) -> pa.Table:
+            mask = pc.and_(pc.equal(table.column("episode"), key),
+                           pc.equal(table.column("attempt"), attempt))
+            return table.filter(mask)
+
+        for key, attempt in missing:
+            name = self._shard_name(key, attempt)
+            write_table_atomic(rows_of(actions, key, attempt), self.actions_dir / name)
+            write_table_atomic(rows_of(episodes, key, attempt), self.episodes_dir / name)
             self.db.execute(
                 "INSERT INTO episodes (key, status, attempts, completed_at, aborted) "
                 "VALUES (?, 'complete', 1, ?, NULL) ON CONFLICT(key) DO NOTHING",
@@ -214,21 +285,45 @@ class RunDir:
 
         Returns (action rows, episode rows).
         """
-        keys = sorted(self.completed())
-        episode_tables = [pq.read_table(self.episodes_dir / self._shard_name(k),
-                                        schema=EPISODE_SCHEMA) for k in keys]
+        keys = sorted(self._committed_attempts())
+        episode_tables = [_with_attempts(pq.read_table(
+            self.episodes_dir / self._shard_name(k, a), schema=EPISODE_SCHEMA), a)
+            for k, a in keys]
         action_tables = []
-        for k in keys:
-            shard = self.actions_dir / self._shard_name(k)
+        for k, a in keys:
+            shard = self.actions_dir / self._shard_name(k, a)
             if shard.exists():
-                action_tables.append(pq.read_table(shard, schema=ACTION_SCHEMA))
+                action_tables.append(_with_attempts(pq.read_table(shard, schema=ACTION_SCHEMA),
+                                                    a))
         episodes = _dedupe(pa.concat_tables(episode_tables) if episode_tables
-                           else EPISODE_SCHEMA.empty_table())
+                           else EPISODE_SCHEMA.empty_table(), by=("episode", "attempt"))
         actions = _dedupe(pa.concat_tables(action_tables) if action_tables
-                          else ACTION_SCHEMA.empty_table(), by=("episode", "action"))
+                          else ACTION_SCHEMA.empty_table(), by=("episode", "attempt", "action"))
         write_table_atomic(actions, self.path / "actions.parquet")
         write_table_atomic(episodes, self.path / "episodes.parquet")
         return actions.num_rows, episodes.num_rows
+
+
+def _attempt_of(row: Mapping[str, Any]) -> int:
+    value = row.get("attempt")
+    return 1 if value is None else int(value)
+
+
+def _attempt_record(row: Mapping[str, Any]) -> Attempt:
+    repeat = row.get("repeat")
+    return Attempt(_attempt_of(row), 1 if repeat is None else int(repeat),
+                   bool(row.get("disturbed")), bool(row.get("aborted")))
+
+
+def _with_attempts(table: pa.Table, attempt: int | None = None) -> pa.Table:
+    """The table with its null ``attempt`` values (rows written before attempts existed,
+    always attempt 1) filled: with ``attempt`` when the shard's name says it, else 1."""
+    index = table.schema.get_field_index("attempt")
+    column = table.column(index)
+    if column.null_count == 0:
+        return table
+    filled = pc.fill_null(column, pa.scalar(attempt or 1, type=pa.int64()))
+    return table.set_column(index, "attempt", filled)
 
 
 def _dedupe(table: pa.Table, by: tuple[str, ...] = ("episode",)) -> pa.Table:

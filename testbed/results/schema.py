@@ -23,8 +23,10 @@ CELL_COLUMNS: tuple[str, ...] = (
 #: generic tables, the study tables read them).
 STUDY_COLUMNS: tuple[str, ...] = ("replan_delay_s", "update_rate_per_s", "update_target",
                                  "scenario")
-#: Columns identifying the episode and its schedule.
-EPISODE_ID_COLUMNS: tuple[str, ...] = ("episode", "family", "template", "schedule_digest")
+#: Columns identifying the episode and its schedule; ``attempt`` numbers the runs of one
+#: episode (repeats and reruns, 1 upward; null in runs made before attempts existed).
+EPISODE_ID_COLUMNS: tuple[str, ...] = ("episode", "family", "template", "schedule_digest",
+                                      "attempt")
 
 #: Per protected action, written by the runner (every one required).
 RUNNER_ACTION_FIELDS: tuple[str, ...] = (
@@ -64,6 +66,13 @@ LINK_EPISODE_FIELDS: tuple[str, ...] = (
     "link_up_drops", "link_down_drops", "emulator_late_p99_ms", "emulator_late_max_ms",
     "link_log",
 )
+#: Whether something else on the host took the CPU from the episode (testbed/run/
+#: disturbance.py): the nodes' own scheduling delay, the host's busy and steal shares,
+#: and the verdict with its reason.
+DISTURBANCE_FIELDS: tuple[str, ...] = (
+    "node_runq_wait_ms", "node_cpu_ms", "node_oversleep_p99_ms", "node_oversleep_max_ms",
+    "host_busy_pct", "host_steal_pct", "host_load_1m", "disturbed", "disturbed_reason",
+)
 #: Per episode of a command workload (JSON objects): bytes, packets and drops per host
 #: and direction from the link counters, how each program ended, and the programs'
 #: ``episode`` metrics.
@@ -73,11 +82,12 @@ COMMAND_EPISODE_FIELDS: tuple[str, ...] = ("link_host_bytes", "programs", "metri
 RUNNER_EPISODE_FIELDS: tuple[str, ...] = (
     "stall_ms_per_action", "stall_action_ms", "stall_barrier_ms", "stall_commit_ms",
     "kib_per_action", "connections", "link_bytes", "wall_s", "congestion_control",
-    *COST_EPISODE_FIELDS, "rpc_timeouts", *LINK_EPISODE_FIELDS, *COMMAND_EPISODE_FIELDS,
+    *COST_EPISODE_FIELDS, "rpc_timeouts", *LINK_EPISODE_FIELDS, *DISTURBANCE_FIELDS,
+    *COMMAND_EPISODE_FIELDS,
 )
 RUNNER_EPISODE_OPTIONAL: tuple[str, ...] = ("wall_s", "congestion_control",
                                             *COST_EPISODE_FIELDS, *LINK_EPISODE_FIELDS,
-                                            *COMMAND_EPISODE_FIELDS)
+                                            *DISTURBANCE_FIELDS, *COMMAND_EPISODE_FIELDS)
 
 _CELL_TYPES: dict[str, pa.DataType] = {
     "campaign": pa.string(), "cell": pa.string(), "policy": pa.string(),
@@ -87,7 +97,7 @@ _CELL_TYPES: dict[str, pa.DataType] = {
     "replan_delay_s": pa.float64(), "update_rate_per_s": pa.float64(),
     "update_target": pa.string(), "scenario": pa.string(),
     "episode": pa.string(), "family": pa.string(), "template": pa.string(),
-    "schedule_digest": pa.string(),
+    "schedule_digest": pa.string(), "attempt": pa.int64(),
 }
 _ACTION_TYPES: dict[str, pa.DataType] = {
     "unit": pa.int64(), "planner": pa.string(), "executor": pa.string(),
@@ -120,7 +130,11 @@ _EPISODE_TYPES: dict[str, pa.DataType] = {
     "link_up_utilisation": pa.float64(), "link_down_utilisation": pa.float64(),
     "link_up_drops": pa.int64(), "link_down_drops": pa.int64(),
     "emulator_late_p99_ms": pa.float64(), "emulator_late_max_ms": pa.float64(),
-    "link_log": pa.string(),
+    "link_log": pa.string(), "repeat": pa.int64(),
+    "node_runq_wait_ms": pa.float64(), "node_cpu_ms": pa.float64(),
+    "node_oversleep_p99_ms": pa.float64(), "node_oversleep_max_ms": pa.float64(),
+    "host_busy_pct": pa.float64(), "host_steal_pct": pa.float64(),
+    "host_load_1m": pa.float64(), "disturbed": pa.bool_(), "disturbed_reason": pa.string(),
     "link_host_bytes": pa.string(), "programs": pa.string(), "metrics": pa.string(),
 }
 ACTION_SCHEMA = pa.schema([*(pa.field(c, _CELL_TYPES[c]) for c in _CELL_TYPES),

@@ -22,8 +22,12 @@ def summary_frame(out_dir: Path) -> pd.DataFrame:
     actions = pd.read_parquet(out_dir / "actions.parquet")
     done = episodes[~episodes["aborted"]]
     by = ["cell", "policy", "network", "rho", "keys", "agents", "deps", "connection"]
+    if "disturbed" not in episodes:
+        episodes = episodes.assign(disturbed=False)
+    episodes = episodes.assign(disturbed=episodes["disturbed"].astype("boolean").fillna(False))
     frame = episodes.groupby(by, sort=False).agg(
-        episodes=("episode", "size"), aborted=("aborted", "sum")).reset_index()
+        episodes=("episode", "nunique"), attempts=("episode", "size"),
+        aborted=("aborted", "sum"), disturbed=("disturbed", "sum")).reset_index()
     medians = done.groupby("cell").agg(stall_ms=("stall_ms_per_action", "median"),
                                        kib=("kib_per_action", "median"))
     # A command workload's actions are the program's (ok or failed): count failed/actions.
@@ -59,7 +63,8 @@ def _manifest_cell_order(out_dir: Path) -> list[str]:
 def print_summary(out_dir: Path, console: Console) -> None:
     """One screen: median stall (ms/action) and traffic (KiB/action) per cell."""
     frame = summary_frame(out_dir)
-    table = Table(title=f"{out_dir.name}: medians over templates (aborted episodes excluded)")
+    table = Table(title=f"{out_dir.name}: medians over templates and attempts (aborted ones "
+                        "excluded; `testbed report` reads each episode's verdict attempts)")
     studies = bool(frame["setting"].astype(bool).any())
     for column in ("policy", "network", "rho", "keys", "agents", "deps", "conn",
                    *(("setting",) if studies else ()), "episodes",
@@ -67,8 +72,10 @@ def print_summary(out_dir: Path, console: Console) -> None:
                    "stall ms/action", "KiB/action"):
         table.add_column(column, justify="left" if column in ("policy", "network") else "right")
     for row in frame.head(_SUMMARY_ROWS).to_dict("records"):
-        episodes = f"{row['episodes']}" + (f" ({row['aborted']} aborted)" if row["aborted"]
-                                           else "")
+        notes = [f"{row['attempts']} attempts"] if row["attempts"] != row["episodes"] else []
+        notes += [f"{row['aborted']} aborted"] if row["aborted"] else []
+        notes += [f"{row['disturbed']} disturbed"] if row["disturbed"] else []
+        episodes = f"{row['episodes']}" + (f" ({', '.join(notes)})" if notes else "")
         table.add_row(str(row["policy"]), str(row["network"]), fmt_number(float(row["rho"])),
                       str(row["keys"]), str(row["agents"]), str(row["deps"]),
                       str(row["connection"]), *((str(row["setting"]),) if studies else ()),

@@ -47,6 +47,7 @@ from testbed.run.remote import (
     UnitReport,
     UnitTask,
     cancel_event_name,
+    lost_outcomes,
     off_loop,
     run_unit_task,
     running_units,
@@ -135,7 +136,8 @@ class DaskEngine:
                   on_failure: OnFailure | None = None) -> None:
         tasks = [UnitTask(self.token, i, campaign.config(), campaign.source,
                           tuple((cell.id, template) for cell, template in unit.episodes),
-                          self.backend, str(self.workdir) if self.workdir else None)
+                          self.backend, str(self.workdir) if self.workdir else None,
+                          unit.plans)
                  for i, unit in enumerate(units)]
         paired = list(zip(units, tasks, strict=True))
         try:
@@ -205,8 +207,7 @@ class DaskEngine:
 
 
 def _aborted(unit: WorkUnit, reason: str) -> list[EpisodeOutcome]:
-    return [EpisodeOutcome(key, cell, template, None, reason, 0.0, "", unit.group)
-            for key, (cell, template) in zip(unit.keys, unit.episodes, strict=True)]
+    return lost_outcomes(unit, reason)
 
 
 def _clean_dead_runs() -> list[str]:

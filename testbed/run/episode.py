@@ -30,6 +30,9 @@ Rules this module obeys:
    in the episode row (``LINK_EPISODE_FIELDS``; null where the backend has none), and
    with ``[options] link_log`` every host's two directions are logged packet by packet
    (Mahimahi format) under ``<run>/links/<episode>/``.
+8. Disturbance: after the last event every node reports its own scheduling delay over
+   the episode and the controller adds the host's busy and steal shares; the episode row
+   gets the ``disturbed`` verdict with its reason (``testbed/run/disturbance.py``).
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ from testbed.host.ledger import Ledger
 from testbed.net.topology import Topology, open_topology
 from testbed.run.accounting import PhaseTally, action_costs, episode_costs
 from testbed.run.contract import EpisodeAborted, EpisodeResult
+from testbed.run.disturbance import HostSample, episode_disturbance
 from testbed.run.prepare import start_episode
 from testbed.run.team import (
     NodeDied,
@@ -104,6 +108,7 @@ class TeamGroup:
         result: list[EpisodeResult] = []
         failed: list[BaseException] = []
         unresponsive: list[NodeUnresponsive] = []
+        host_before = HostSample.read()
         with trio.move_on_after(timeout_s) as deadline:
             async with trio.open_nursery() as nursery:
                 async def body() -> None:
@@ -140,6 +145,11 @@ class TeamGroup:
             raise EpisodeAborted(f"{type(exc).__name__}: {exc}")
         if deadline.cancelled_caught or not result:
             raise EpisodeAborted(f"episode timeout after {timeout_s:g} s")
+        try:  # rule 8: the nodes' scheduling delay and the host's load
+            result[0].episode.update(await episode_disturbance(
+                self.team, host_before, result[0].episode, len(result[0].actions)))
+        except (RunFailure, ProtocolError) as exc:
+            raise EpisodeAborted(f"{type(exc).__name__}: {exc}") from None
         return result[0]
 
     async def _run(self, cell: Cell, schedule: Schedule) -> EpisodeResult:

@@ -32,6 +32,11 @@ Rules this module obeys:
    its ``scheduled_actions`` keep its slots in availability denominators. The group's
    topology and processes are then closed and reopened before the next episode, so a
    dead node cannot abort the rest of the group.
+6. Attempts (``testbed/run/attempts.py``): with ``repeats`` or ``rerun_disturbed`` an
+   episode runs more than once with the same schedule; each attempt is committed on its
+   own with its ``attempt`` and ``repeat`` numbers, and what is still to run is planned
+   from the committed attempts, so ``--resume`` neither repeats a committed attempt nor
+   loses an interrupted rerun. The session in the manifest records both settings.
 """
 
 from __future__ import annotations
@@ -76,6 +81,7 @@ from testbed.results.schema import (
     check_fields,
 )
 from testbed.results.summary import print_summary
+from testbed.run.attempts import AttemptPolicy, EpisodePlan, plan_episode
 from testbed.run.command_rows import command_rows
 from testbed.run.contract import EpisodeResult, Runner, RunSummary
 from testbed.run.engines import Engine, LocalEngine
@@ -86,15 +92,17 @@ from testbed.run.units import EpisodeOutcome, plan_units
 async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
                        console: Console, runner: Runner | None = None,
                        engine: Engine | None = None, extend: bool = False,
-                       jobs: int = 1, host: HostLanes | None = None,
-                       allow_dirty: bool = False) -> RunSummary:
+                       jobs: int = 1, attempts: AttemptPolicy | None = None,
+                       host: HostLanes | None = None, allow_dirty: bool = False) -> RunSummary:
     """Run every not-yet-committed episode of ``campaign`` into ``out_dir``.
 
     ``engine`` runs the work units (default: :class:`LocalEngine` over ``runner`` with
     ``jobs`` lanes, holding lanes of the host's budget ``host`` if given; the progress
-    line then says who holds the host). A run into the repository's results/ needs a
-    committed checkout unless ``allow_dirty`` (``testbed.results.reference``).
+    line then says who holds the host); ``attempts`` the repeats and reruns of each
+    episode (rule 6). A run into the repository's results/ needs a committed checkout
+    unless ``allow_dirty`` (``testbed.results.reference``).
     """
+    policy = attempts or AttemptPolicy()
     if not (isinstance(jobs, int) and jobs >= 1):
         raise CampaignError(f"jobs: {jobs!r} is not allowed; allowed: an integer >= 1")
     if engine is None:
@@ -121,7 +129,9 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
         previous = run_dir.read_manifest()
         sessions = previous.get("sessions", [])
         session: dict[str, Any] = {"started_at": _now(), "resume": bool(sessions),
-                                   "jobs": jobs, "execution": engine.describe()}
+                                   "jobs": jobs, "execution": engine.describe(),
+                                   "repeats": policy.repeats,
+                                   "rerun_disturbed": policy.rerun_disturbed}
         if extended_from is not None:
             session["extended_from"] = extended_from
         run_dir.update_manifest(
@@ -136,9 +146,16 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
             sessions=[*sessions, session], status="running")
         done = run_dir.completed()
         episodes = campaign.episodes()
-        todo = [(c, t) for c, t in episodes if episode_key(c, t) not in done]
-        task = progress.add_task("episodes", total=len(episodes),
-                                 completed=len(episodes) - len(todo), host="")
+        recorded = run_dir.attempts()
+        plans: dict[str, EpisodePlan] = {}
+        for c, t in episodes:
+            plan = plan_episode(recorded.get(episode_key(c, t), []), policy)
+            if plan is not None:
+                plans[episode_key(c, t)] = plan
+        todo = [(c, t) for c, t in episodes if episode_key(c, t) in plans]
+        slots = len(episodes) * policy.repeats
+        task = progress.add_task("episodes", total=slots, host="",
+                                 completed=slots - sum(len(p.slots) for p in plans.values()))
         progress.start()
         if host is not None:
             host.on_status = lambda text: _host_status(progress, task, text)
@@ -154,7 +171,8 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
                 _note_group(run_dir, outcome)
             counts["ran"] += 1
             counts["aborted"] += commit_outcome(campaign, run_dir, outcome)
-            progress.advance(task)
+            if not outcome.rerun:
+                progress.advance(task)
 
         def on_failure(failure: UnitFailure) -> None:
             record_failure(run_dir, failure)
@@ -162,7 +180,7 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
             if not failure.retried:
                 failures.append(failure)
 
-        units = plan_units(todo, per_template=engine.per_template)
+        units = plan_units(todo, per_template=engine.per_template, plans=plans)
         await engine.run(units, campaign, on_start=on_start, on_outcome=on_outcome,
                          on_failure=on_failure)
         status = "complete"
@@ -177,7 +195,8 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
         run_dir.close()
     if status == "complete":
         print_summary(run_dir.path, console)
-    return RunSummary(run_dir.path, len(campaign.episodes()), len(done), counts["ran"],
+    return RunSummary(run_dir.path, len(campaign.episodes()),
+                      len(done - {episode_key(c, t) for c, t in todo}), counts["ran"],
                       counts["aborted"], time.monotonic() - t0, tuple(failures))
 
 
@@ -187,9 +206,9 @@ def commit_outcome(campaign: Campaign, run_dir: RunDir, outcome: EpisodeOutcome)
     schedule = campaign.schedule(cell, outcome.template)
     base = {"campaign": campaign.name, **cell.columns(), "backend": outcome.backend,
             "episode": key, "family": schedule.family, "template": schedule.template,
-            "schedule_digest": schedule.digest}
+            "schedule_digest": schedule.digest, "attempt": outcome.attempt}
     if outcome.result is None:
-        episode_row = {**base, "seed": campaign.seed,
+        episode_row = {**base, "seed": campaign.seed, "repeat": outcome.repeat,
                        "scheduled_actions": schedule.counts.actions, "attempted_actions": 0,
                        "updates": schedule.counts.updates, "aborted": True,
                        "abort_reason": outcome.abort_reason, "wall_s": outcome.wall_s,
@@ -198,7 +217,8 @@ def commit_outcome(campaign: Campaign, run_dir: RunDir, outcome: EpisodeOutcome)
         return True
     rows = command_rows if campaign.kind == COMMAND_KIND else _rows
     actions, episode_row = rows(base, campaign, schedule, outcome.result, outcome.wall_s, key)
-    run_dir.record_episode(key, actions, {**episode_row, "worker": outcome.worker})
+    run_dir.record_episode(key, actions, {**episode_row, "worker": outcome.worker,
+                                          "repeat": outcome.repeat})
     return False
 
 

@@ -12,6 +12,9 @@ Rules:
    seeding, so no measured operation opens one; that traffic is ``setup``.
 4. The link traces restart last, so the first event of the episode meets the start of
    the trace (offsets included) whatever the setup took.
+5. Just before that every node starts a new scheduling-delay window (control op
+   ``sched`` with ``restart``), so the seeding's own contention (every owner seeds at
+   once) is not read as disturbance (``testbed/run/disturbance.py``).
 """
 
 from __future__ import annotations
@@ -44,5 +47,6 @@ async def start_episode(team: Team, topo: Topology, cell: Cell, schedule: Schedu
         for seed in schedule.seeds:
             nursery.start_soon(seed_key, seed)
     phases = PhaseTally(setup=total_sent(await team.counters()))
+    await team.each_call("sched", restart=True)
     await topo.restart_trace()
     return phases

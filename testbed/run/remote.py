@@ -35,6 +35,7 @@ from testbed.campaign.parse import campaign_from_config
 from testbed.host.ledger import open_run_ledger
 from testbed.links.backends import AUTO_ORDER, probe_backend
 from testbed.results.provenance import host_description
+from testbed.run.attempts import EpisodePlan
 from testbed.run.episode import EpisodeRunner
 from testbed.run.failures import UnitFailure, failure_reason, format_trace, unit_reason
 from testbed.run.units import EpisodeOutcome, WorkUnit, run_unit, worker_host
@@ -59,6 +60,7 @@ class UnitTask:
     episodes: tuple[tuple[str, str], ...]  # (cell id, template)
     backend: str | None
     workdir: str | None
+    plans: tuple[EpisodePlan, ...] = ()  # per episode: repeats still to run (units.py)
 
     @property
     def key(self) -> str:
@@ -127,9 +129,16 @@ def _count_attempt(task: UnitTask) -> int:
 def _lost(task: UnitTask, unit: WorkUnit, attempt: int) -> list[EpisodeOutcome]:
     reason = (f"{WORKER_LOST}: the worker running this unit was lost {attempt - 1} times; "
               "not run again")
-    return [EpisodeOutcome(key, cell, template, None, reason, 0.0, "", unit.group, {},
-                           worker_host())
-            for key, (cell, template) in zip(unit.keys, unit.episodes, strict=True)]
+    return lost_outcomes(unit, reason, worker_host())
+
+
+def lost_outcomes(unit: WorkUnit, reason: str, host: str = "") -> list[EpisodeOutcome]:
+    """Every pending episode of a unit aborted with ``reason`` (one outcome each, under
+    its next attempt number)."""
+    return [EpisodeOutcome(key, cell, template, None, reason, 0.0, "", unit.group, {}, host,
+                           unit.plan(i).next_attempt, unit.plan(i).slots[0].repeat)
+            for i, (key, (cell, template)) in enumerate(
+                zip(unit.keys, unit.episodes, strict=True))]
 
 
 @dataclass(frozen=True)
@@ -146,7 +155,7 @@ def run_unit_task(task: UnitTask) -> UnitReport:
     campaign = campaign_from_config(task.config, source=task.source)
     cells = {cell.id: cell for cell in campaign.cells()}
     episodes = tuple((cells[cell_id], template) for cell_id, template in task.episodes)
-    unit = WorkUnit(episodes[0][0].group_key, episodes)
+    unit = WorkUnit(episodes[0][0].group_key, episodes, task.plans)
     attempt = _count_attempt(task)
     if attempt > MAX_ATTEMPTS:
         return UnitReport(_lost(task, unit, attempt), [])
@@ -167,10 +176,8 @@ def run_unit_task(task: UnitTask) -> UnitReport:
     except Exception as exc:  # rule 5: around run_unit, e.g. the ledger's own teardown
         reason = failure_reason(exc)
         done = {o.key for o in report.outcomes}
-        lost = [EpisodeOutcome(key, cell, template, None, unit_reason(stage, reason), 0.0,
-                               "", unit.group, {}, worker_host())
-                for key, (cell, template) in zip(unit.keys, unit.episodes, strict=True)
-                if key not in done]
+        lost = [o for o in lost_outcomes(unit, unit_reason(stage, reason), worker_host())
+                if o.key not in done]
         report.outcomes.extend(lost)
         report.failures.append(UnitFailure(unit.group.id, stage, reason,
                                            tuple(o.key for o in lost), 1, worker_host(),

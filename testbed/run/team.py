@@ -57,7 +57,7 @@ SHUTDOWN_GRACE_S = 5.0
 HEARTBEAT_MIN_S = 1.0
 OP_DEADLINE_MARGIN_S = 5.0
 #: Control ops that run no policy code: they get op_deadline_s.
-LOCAL_OPS = frozenset({"ping", "reset", "counters", "head_log", "configure"})
+LOCAL_OPS = frozenset({"ping", "reset", "counters", "head_log", "configure", "sched"})
 CONNECTIONS: tuple[str, ...] = tuple(CONNECTION_SETTINGS)
 DURABILITIES: tuple[str, ...] = tuple(DURABILITY_MODES)
 
@@ -289,6 +289,10 @@ class Team:
              if n.heartbeat is not None and n.returncode is None], timeout_s=timeout_s)
         self._nodes[agent].unresponsive = True
         raise NodeUnresponsive(agent, overdue.describe())
+
+    async def each_call(self, op: str, **args: Any) -> list[dict[str, Any]]:
+        """Run one control op at every member at once; replies in ``members`` order."""
+        return await self._each(lambda n: self.call(n.agent, op, **args))
 
     async def counters(self) -> dict[str, dict[str, int]]:
         replies = await self._each(lambda n: self.call(n.agent, "counters"))

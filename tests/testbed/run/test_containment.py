@@ -24,6 +24,7 @@ from testbed.campaign.parse import parse_campaign
 from testbed.host import kernel
 from testbed.host.processes import is_running
 from testbed.run import startup
+from testbed.run.attempts import AttemptPolicy
 from testbed.run.episode import EpisodeRunner
 from testbed.run.failures import START_ATTEMPTS, failure_reason, leaves, summary_line
 from testbed.run.loop import run_campaign
@@ -156,6 +157,31 @@ async def test_a_node_that_never_opens_its_control_socket_aborts_its_unit_not_th
         summary.failures)
     hung = [int(p) for p in (state / "node_hang.count").read_text().split()]
     assert not any(is_running(pid, None) for pid in hung), "a hung node was left running"
+
+
+@pytest.mark.slow
+async def test_a_unit_that_never_starts_records_every_attempt_it_owed_as_aborted(
+        tmp_path: Path, hooks: Any) -> None:
+    """With --repeats 2 a unit that cannot start aborts each repeat of each episode under
+    its own attempt number (none overwrites another); the other group runs both."""
+    hooks(node_hang={"agent": "a0", "times": START_ATTEMPTS})
+    campaign = parse_campaign(TWO_GROUPS)
+    out = tmp_path / "out"
+    summary = await run_campaign(campaign, out, resume=False, console=quiet(),
+                                 runner=EpisodeRunner(campaign),
+                                 attempts=AttemptPolicy(repeats=2))
+    rows = pd.read_parquet(out / "episodes.parquet")
+    assert len(rows) == 8, rows[["episode", "attempt", "repeat", "aborted"]]
+    assert not rows.duplicated(["episode", "attempt"]).any()
+    two, three = rows[rows["agents"] == 2], rows[rows["agents"] == 3]
+    assert two["aborted"].all(), two["abort_reason"]
+    assert not three["aborted"].any(), three["abort_reason"]
+    for frame in (two, three):
+        numbers = {key: (sorted(g["attempt"]), sorted(g["repeat"]))
+                   for key, g in frame.groupby("episode")}
+        assert list(numbers.values()) == [([1, 2], [1, 2])] * 2, numbers
+    assert summary.aborted == 4
+    assert [(f.stage, len(f.aborted)) for f in summary.failures] == [("start", 2)]
 
 
 # ------------------------------------------------------------- an emulator that dies

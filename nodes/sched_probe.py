@@ -1,0 +1,142 @@
+"""A node's own scheduling delay: how long the kernel kept this process from running.
+
+Rules this module obeys:
+
+1. Two measures, both off the action path:
+
+   * **run-queue wait**: the second field of ``/proc/self/task/<tid>/schedstat`` (ns the
+     thread was runnable but waiting for a CPU), summed over the process's threads, with
+     the first field (CPU time) beside it. Read twice per episode (at ``reset`` and when
+     the controller asks), never while an action runs.
+   * **timer oversleep**: a daemon thread sleeps :data:`PERIOD_MS` with ``time.sleep``
+     (holding no GIL while asleep) and records how late it woke, into a fixed histogram
+     (:data:`BIN_MS` bins up to :data:`MAX_MS`, then one overflow bin). A wake costs a
+     few microseconds of the GIL every period. The lateness includes waiting for the GIL
+     while the node's own main thread runs Python (at most ``sys.getswitchinterval()``,
+     5 ms), so it is read with thresholds above that (docs/campaigns.md, "Disturbance").
+
+2. :meth:`SchedProbe.reset` starts a window; :meth:`SchedProbe.report` returns the
+   window's totals and the oversleep quantiles without closing it. Everything is plain
+   integers guarded by one lock; nothing here allocates per sample.
+3. ``PLANFENCE_SCHED_PERIOD_MS`` in the environment overrides the period (0 turns the
+   oversleep thread off; the run-queue totals remain): the knob the overhead
+   measurement in docs/benchmarks.md uses, not a campaign setting.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+PERIOD_MS = 20.0
+BIN_MS = 0.1
+MAX_MS = 200.0
+_BINS = int(MAX_MS / BIN_MS) + 1  # the last bin holds everything above MAX_MS
+ENV_PERIOD = "PLANFENCE_SCHED_PERIOD_MS"
+
+
+def read_schedstat(pid: int | str = "self") -> tuple[int, int]:
+    """(CPU ns, run-queue wait ns) summed over the threads of a process (0, 0 when the
+    kernel has no schedstat, e.g. without CONFIG_SCHED_INFO)."""
+    cpu = wait = 0
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return 0, 0
+    for task in tasks:
+        try:
+            fields = (task / "schedstat").read_text().split()
+        except OSError:
+            continue  # a thread that ended meanwhile
+        if len(fields) >= 2:
+            cpu += int(fields[0])
+            wait += int(fields[1])
+    return cpu, wait
+
+
+def period_from_env(default_ms: float = PERIOD_MS) -> float:
+    raw = os.environ.get(ENV_PERIOD)
+    if raw is None:
+        return default_ms
+    try:
+        value = float(raw)
+    except ValueError:
+        return default_ms
+    return max(0.0, value)
+
+
+class SchedProbe:
+    """Run-queue totals and timer oversleep of this process over a window (rules 1-2)."""
+
+    def __init__(self, period_ms: float | None = None) -> None:
+        self.period_ms = period_from_env() if period_ms is None else period_ms
+        self._lock = threading.Lock()
+        self._bins = [0] * _BINS
+        self._samples = 0
+        self._max_ns = 0
+        self._base = read_schedstat()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is not None or self.period_ms <= 0:
+            return
+        self._thread = threading.Thread(target=self._sample, name="sched-probe", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=1.0)
+            self._thread = None
+
+    def reset(self) -> None:
+        with self._lock:
+            self._bins = [0] * _BINS
+            self._samples = 0
+            self._max_ns = 0
+            self._base = read_schedstat()
+
+    def _sample(self) -> None:
+        period_s = self.period_ms / 1000.0
+        bin_ns = int(BIN_MS * 1e6)
+        while not self._stop.is_set():
+            started = time.monotonic_ns()
+            time.sleep(period_s)
+            late_ns = max(0, time.monotonic_ns() - started - int(period_s * 1e9))
+            index = min(late_ns // bin_ns, _BINS - 1)
+            with self._lock:
+                self._bins[index] += 1
+                self._samples += 1
+                if late_ns > self._max_ns:
+                    self._max_ns = late_ns
+
+    def _quantile_ms(self, q: float) -> float | None:
+        if self._samples == 0:
+            return None
+        rank = q * self._samples
+        seen = 0
+        for index, count in enumerate(self._bins):
+            seen += count
+            if seen >= rank:
+                return (index + 1) * BIN_MS  # the bin's upper edge
+        return MAX_MS
+
+    def report(self) -> dict[str, Any]:
+        """The window so far: ``runq_wait_ms``, ``cpu_ms``, oversleep ``samples``,
+        ``oversleep_p50_ms`` / ``p99`` (bin upper edges) and ``oversleep_max_ms``."""
+        cpu, wait = read_schedstat()
+        with self._lock:
+            base_cpu, base_wait = self._base
+            return {
+                "runq_wait_ms": max(0, wait - base_wait) / 1e6,
+                "cpu_ms": max(0, cpu - base_cpu) / 1e6,
+                "samples": self._samples,
+                "period_ms": self.period_ms,
+                "oversleep_p50_ms": self._quantile_ms(0.50),
+                "oversleep_p99_ms": self._quantile_ms(0.99),
+                "oversleep_max_ms": self._max_ns / 1e6 if self._samples else None,
+            }
