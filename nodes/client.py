@@ -240,6 +240,11 @@ class RpcClient:
     async def _call_reuse(self, peer_id: str, method: str, params: dict[str, Any]) -> Any:
         return await (await self._pooled(peer_id)).call(method, params)
 
+    async def warm_roster(self) -> int:
+        """:meth:`warm` to every other roster member with an address."""
+        return await self.warm(m.agent_id for m in self.roster.members.values()
+                               if m.agent_id != self.identity.agent_id and m.port)
+
     async def warm(self, peer_ids: Iterable[str]) -> int:
         """Open the pooled connection to every peer in ``peer_ids`` at once (the
         ``reuse_warm`` setting's setup); returns how many were opened. Each open is

@@ -33,26 +33,22 @@ from nodes.act import run_act
 from nodes.client import RpcClient, open_rpc_client
 from nodes.control import ControlError, field
 from nodes.limits import Limits, LimitsError
+from nodes.live_ops import LiveOps
 from nodes.node_env import NodeEnv
 from nodes.rpc import Handlers, SelfServingCaller
 from nodes.sched_probe import SchedProbe
 from nodes.server import DataPlaneServer, serve_data_plane
 from nodes.service import Service, watch_parent
 from nodes.store import DURABILITY_MODES, PolicyStateArea, SqliteStore, remove_store_files
-from nodes.transport import CONNECTION_SETTINGS, POOLED_CONNECTIONS, Counters
+from nodes.transport import CONNECTION_SETTINGS, Counters
+from nodes.wire_ops import WireOps
 from protocols.errors import LocalProtocolError
 from protocols.identity import Identity, Roster
 from protocols.planning import PlanningError, current_inputs, derive_plan, own_record
 from protocols.policies import make_policy
 from protocols.policies.base import Policy
 from protocols.policy_rpc import PolicyContext
-from protocols.records import (
-    RECORD_ID_BYTES,
-    RECORD_TYPES,
-    WIRE_ENCODINGS,
-    Record,
-    set_wire_encoding,
-)
+from protocols.records import RECORD_ID_BYTES, RECORD_TYPES, Record
 
 log = logging.getLogger("nodes.node")
 MAX_ACTION_CHARS = 120  # record keys (plan/<action>/r<n>) are capped at 200
@@ -128,7 +124,7 @@ def _episode_identity(args: Mapping[str, Any], cfg: _Config) -> tuple[Identity, 
     return identity, roster
 
 
-class Node:
+class Node(LiveOps, WireOps):
     """State and control operations of one node process."""
 
     def __init__(self, nursery: trio.Nursery) -> None:
@@ -243,10 +239,12 @@ class Node:
                                    handlers=self.handlers)
         self.env = NodeEnv(identity=cfg.identity, roster=cfg.roster, store=store, client=caller,
                            counters=self.counters, state=ctx.state, memory=ctx.memory)
+        self.attach_live(self.env)
 
     async def close(self) -> None:
         """Stop services and close the store (called on shutdown and on signals)."""
         with trio.CancelScope(shield=True):
+            await self.close_live()
             for svc in (self._client_svc, self._server):
                 if svc is not None:
                     await svc.stop()
@@ -290,8 +288,7 @@ class Node:
         except LimitsError as exc:
             raise ControlError(str(exc)) from None
         self.limits = limits
-        set_wire_encoding(field(args, "wire_encoding", str, allowed=WIRE_ENCODINGS,
-                                default="msgpack"))
+        self.configure_wire_encoding(args)
         store = self.store
         if (store is None or self.cfg is None or store.path != cfg.store_path
                 or store.durability != cfg.durability):
@@ -446,15 +443,6 @@ class Node:
         roots = _ids(field(args, "roots", list), "roots")
         keys = tuple(_strs(field(args, "keys", list), "keys"))
         return await run_act(env, policy, self.counters, action, roots, keys, args)
-
-    async def op_warm(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        """Open a pooled connection to every other roster member (``reuse_warm``)."""
-        cfg = self._ready()[0]
-        if self.client is None or cfg.connection not in POOLED_CONNECTIONS:
-            raise ControlError(f"connection: {cfg.connection!r} keeps no pool to warm")
-        peers = [m.agent_id for m in cfg.roster.members.values()
-                 if m.agent_id != cfg.identity.agent_id and m.port != 0]
-        return {"opened": await self.client.warm(peers)}
 
     async def op_counters(self, args: Mapping[str, Any]) -> dict[str, Any]:
         return self.counters.snapshot()

@@ -198,6 +198,11 @@ class Team:
     def log_path(self, agent: str) -> Path:
         return self._nodes[agent].log_path
 
+    def control_path(self, agent: str) -> str:
+        """A member's control socket, for a connection of the caller's own (a long-poll op
+        beside the one that runs the member's current op)."""
+        return self._nodes[agent].control_path
+
     def log_tail(self, agent: str, lines: int = 20) -> str:
         try:
             with open(self._nodes[agent].log_path, errors="replace") as f:

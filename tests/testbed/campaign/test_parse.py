@@ -37,7 +37,8 @@ def test_presets_all_load_with_the_documented_sizes() -> None:
     assert sizes == {"demo": 60, "primary": 390, "rates": 2880, "scope": 1200,
                      "density": 270, "reuse": 900, "teams": 72, "horizon": 27,
                      "replanning": 1560, "handoff": 270, "batches": 600, "artifact": 320,
-                     "budget": 1020, "selector": 1134}
+                     "budget": 1020, "live": 90, "live_fresh_before": 90,
+                     "live_overlap": 36, "selector": 1134}
 
 
 def test_demo_preset_matches_the_issue() -> None:
@@ -61,8 +62,9 @@ def test_load_by_path_equals_parse(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("arg", "message"), [
     ("nosuch", "campaign: 'nosuch' is neither a file nor a preset; presets: artifact, "
-               "batches, budget, demo, density, handoff, horizon, primary, rates, replanning, "
-               "reuse, scope, selector, teams"),
+               "batches, budget, demo, density, handoff, horizon, live, "
+               "live_fresh_before, live_overlap, primary, rates, replanning, reuse, "
+               "scope, selector, teams"),
     ("missing/x.toml", "campaign: 'missing/x.toml' is file not found; presets: artifact,"),
 ])
 def test_unknown_campaign_lists_presets(arg: str, message: str) -> None:
