@@ -463,8 +463,7 @@ async def open_team(*, agents: Sequence[str], central: bool,
             raise ValueError(f"hosts: no entry for {name!r}")
     team = Team(list(agents), central, campaign_seed, connection, policy, durability,
                 float(rpc_timeout_s), dict(owners or key_owners(agents, 8)), tuple(probes),
-                tuple(plugins), congestion_control, dict(limits or {}), ledger,
-                wire_encoding=wire_encoding)
+                tuple(plugins), congestion_control, dict(limits or {}), ledger, wire_encoding)
     workdir = Path(workdir)
     _make_dirs(workdir / "logs", workdir / "stores")
     # Short: Unix socket paths are < 108 bytes.
