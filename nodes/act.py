@@ -15,7 +15,9 @@ Rules (docs/architecture.md, "Control plane"):
    so a controller can tell a change before the final check from one during it and one
    between the check and the effect.
 4. An RpcError or RemoteProtocolError escaping ``validate`` is a block with that reason.
-5. ``versions`` (optional, key -> record ID) is the version set an application carries
+5. ``held`` is the newest local version of each declared key when the outcome was
+   decided (what the executor's memory held: a fresh memory beside a stale plan).
+6. ``versions`` (optional, key -> record ID) is the version set an application carries
    with the plan; it reaches the policy as ``ActionRequest.supplied``.
 6. ``critical`` (optional, one of ``keys``) is the input the workload declares critical;
    it reaches the policy as ``ActionRequest.critical``.
@@ -95,6 +97,7 @@ async def run_act(env: NodeEnv, policy: Policy, counters: Counters, action: str,
     finally:
         env.replan_delay_s = 0.0
     decided = time.monotonic_ns()
+    held = {k: h.record_id for k in keys if (h := env.store.latest(k)) is not None}
     after = counters.snapshot()
     if released and effect_delay_s > 0:
         await trio.sleep(effect_delay_s)
@@ -111,6 +114,7 @@ async def run_act(env: NodeEnv, policy: Policy, counters: Counters, action: str,
         "connections": after["connections_opened"] - before["connections_opened"],
         "issued_roots": list(issued),
         "inputs": dict(inputs),
+        "held": held,
         "started_t_ns": started,
         "issue_t_ns": decided,
         "effect_t_ns": effect,

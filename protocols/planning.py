@@ -28,7 +28,7 @@ process and the in-memory twin run this same code.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -142,11 +142,18 @@ async def current_inputs(env: PolicyEnv, keys: Sequence[str]) -> list[Record]:
 
 
 async def derive_plan(env: PolicyEnv, *, action: str, executor: str, keys: Sequence[str],
-                      depth: int, decision: str | bytes) -> DerivedPlan:
-    """Derive a plan at the planner and hand it off to the executor (rules 1-4)."""
+                      depth: int, decision: str | bytes,
+                      decide: Callable[[Sequence[Record]], Awaitable[str | bytes]] | None = None,
+                      ) -> DerivedPlan:
+    """Derive a plan at the planner and hand it off to the executor (rules 1-4).
+
+    ``decide`` (a live planner's role call) makes the decision from exactly the inputs
+    read, in place of the recorded ``decision``."""
     if depth not in (0, 1):
         raise PlanningError(f"depth: {depth!r} not one of 0, 1")
     inputs = await current_inputs(env, keys)
+    if decide is not None:
+        decision = await decide(inputs)
     chain: list[Record] = list(inputs)
     parents = [r.id for r in sorted(inputs, key=lambda r: r.key)]
     if depth == 1:

@@ -35,6 +35,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from testbed.campaign.command import COMMAND_KIND, CommandWorkload, command_to_data
+from testbed.campaign.decisions import RecordedDecisions
+from testbed.campaign.endpoint import ModelSettings
+from testbed.campaign.live import EXECUTOR_INPUTS, LIVE_KIND, OVERLAPS, live_schedule
 from testbed.campaign.trials import KINDS, SCENARIOS, TRIAL_KINDS, trial_schedule
 from testbed.campaign.vocabulary import policy_needs_central
 from testbed.campaign.workload import (
@@ -60,18 +63,19 @@ EXTRA_FIELDS = ("batch",)
 #: Grid fields of each study kind.
 STUDY_FIELDS: dict[str, tuple[str, ...]] = {
     "episodes": (), "replanning": ("replan_delay_s", "update_rate_per_s", "update_target"),
-    "handoff": ("scenario",), COMMAND_KIND: (),
+    "handoff": ("scenario",), LIVE_KIND: ("executor_inputs", "overlap"), COMMAND_KIND: (),
 }
 STUDY_DEFAULTS: dict[str, tuple[Any, ...]] = {
     "batch": (1,), "replan_delay_s": (0.0,), "update_rate_per_s": (0.0,),
     "update_target": ("relevant",), "scenario": SCENARIOS,
+    "executor_inputs": EXECUTOR_INPUTS[:1], "overlap": OVERLAPS[:1],
 }
 #: Workload fields a trial does not use: a trial campaign keeps them at their defaults.
 TRIAL_FIXED = ("rho", "units", "deps")
 #: Options added after the first recorded runs, with the default that keeps their old
 #: behaviour (rule 5); ``derivation`` is not one of them (its default changed).
 NEW_OPTION_DEFAULTS: dict[str, Any] = {"action_deadline_s": 30.0, "effect_delay_s": 0.0,
-                                       "link_log": False}
+                                       "link_log": False, "wire_encoding": "msgpack"}
 
 
 class CampaignError(UserError):
@@ -99,6 +103,8 @@ class Options:
     #: Trials: time between a release and its recorded effect.
     effect_delay_s: float = 0.0
     link_log: bool = False  # per-episode packet logs of every link (Mahimahi format)
+    #: Records and head entries on the wire: compact msgpack maps or the paper's JSON.
+    wire_encoding: str = "msgpack"
 
 
 @dataclass(frozen=True)
@@ -147,6 +153,8 @@ class Cell:
     update_rate_per_s: float | None = None
     update_target: str | None = None
     scenario: str | None = None  # handoff trials
+    executor_inputs: str | None = None  # live workflows
+    overlap: str | None = None
     own_program: bool = False  # a command workload's cell: ``policy`` is a label
 
     @property
@@ -161,6 +169,8 @@ class Cell:
                      f"_lambda{fmt_number(self.update_rate_per_s)}_{self.update_target}")
         if self.scenario is not None:
             base += f"_{self.scenario}"
+        if self.executor_inputs is not None and self.overlap is not None:
+            base += f"_exec-{self.executor_inputs}_overlap-{self.overlap}"
         return base + (f"_b{self.batch}" if self.batch != 1 else "")
 
     @property
@@ -179,7 +189,8 @@ class Cell:
                 "tier": self.tier, "units": self.units, "batch": self.batch,
                 "replan_delay_s": self.replan_delay_s,
                 "update_rate_per_s": self.update_rate_per_s, "update_target": self.update_target,
-                "scenario": self.scenario}
+                "scenario": self.scenario, "executor_inputs": self.executor_inputs,
+                "overlap": self.overlap}
 
 
 def episode_key(cell: Cell, template: str) -> str:
@@ -199,6 +210,10 @@ class Campaign:
     source: str = ""
     execution: Execution = field(default_factory=Execution)
     kind: str = KINDS[0]
+    #: A live campaign's endpoint (``[model]``; ``testbed.campaign.endpoint``).
+    model: ModelSettings | None = None
+    #: A replay campaign's plan decisions from a live run (``decisions = "..."``).
+    decisions: RecordedDecisions | None = None
     #: The programs of a ``kind = "command"`` campaign (``testbed.campaign.command``).
     command: CommandWorkload | None = None
 
@@ -235,14 +250,21 @@ class Campaign:
 
     def schedule(self, cell: Cell, template: str) -> Schedule:
         family = template_family(template)
+        if self.kind == LIVE_KIND:
+            return live_schedule(seed=self.seed, family=family, template=template,
+                                 agents=cell.agents, keys=cell.keys)
+        recorded = self.decisions
+        decide = None if recorded is None else (
+            lambda i: recorded.decision(family, template, i))
         if self.kind in TRIAL_KINDS:
             return trial_schedule(seed=self.seed, family=family, template=template,
                                   agents=cell.agents, keys=cell.keys, tier=cell.tier,
-                                  derivation=self.options.derivation, kind=self.kind)
+                                  derivation=self.options.derivation, kind=self.kind,
+                                  decide=decide)
         return generate_schedule(seed=self.seed, family=family, template=template,
                                  agents=cell.agents, keys=cell.keys, units=cell.units,
                                  deps=cell.deps, rho=cell.rho, tier=cell.tier,
-                                 derivation=self.options.derivation)
+                                 derivation=self.options.derivation, decide=decide)
 
     def with_templates(self, count: int) -> Campaign:
         """The same campaign over ``count`` templates taken round robin across families."""
@@ -282,6 +304,10 @@ class Campaign:
             config["kind"] = self.kind
         if self.networks:
             config["networks"] = {n: network_to_data(p) for n, p in self.networks.items()}
+        if self.model is not None:
+            config["model"] = self.model.to_data()
+        if self.decisions is not None:
+            config["decisions"] = self.decisions.describe()
         if self.plugins:
             config["plugins"] = list(self.plugins)
         if self.command is not None:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.campaign.command import COMMAND_KIND, check_label, default_label, parse_command
+from testbed.campaign.live_parse import live_fields, live_grid_value
 from testbed.campaign.model import (
     EXTRA_FIELDS,
     GRID_DEFAULTS,
@@ -45,7 +46,7 @@ from testbed.campaign.model import (
 from testbed.campaign.networks import check_against_grid, check_backend, parse_networks
 from testbed.campaign.plugins import load as load_plugins
 from testbed.campaign.plugins import resolve_names
-from testbed.campaign.trials import KINDS, SCENARIOS, TRIAL_KINDS, UPDATE_TARGETS
+from testbed.campaign.trials import KINDS, SCENARIOS, SINGLE_ACTION_KINDS, UPDATE_TARGETS
 from testbed.campaign.vocabulary import (
     BACKENDS,
     CONNECTIONS,
@@ -54,6 +55,7 @@ from testbed.campaign.vocabulary import (
     MAX_TEMPLATES,
     RHOS,
     TIERS,
+    WIRE_ENCODINGS,
     allowed_policies,
     network_names,
     normal_spec,
@@ -71,7 +73,8 @@ from testbed.campaign.workload import (
 )
 
 TOP_FIELDS = ("name", "seed", "templates", "description", "kind", "options", "execution",
-              "networks", "grid", "plugins", "policies", "command")
+              "networks", "grid", "plugins", "policies", "command", "model",
+              "decisions")
 EXECUTION_FIELDS = ("cluster", "jobs", "allow_mixed_backends")
 MAX_BATCHES = 100
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -153,14 +156,16 @@ def parse_campaign(data: Mapping[str, Any], *, source: str = "<campaign>",
                       for i, g in enumerate(raw_grid))
     else:
         raise CampaignError("grid: expected a [grid] table or [[grid]] tables")
+    model, decisions = live_fields(data, kind, templates, grids, base_dir=base_dir,
+                                   check_files=check_files)
     command = None
     if kind == COMMAND_KIND:
         command = parse_command(data.get("command"), base_dir=base_dir,
                                 agents=min(min(g["agents"]) for g in grids))
     campaign = Campaign(name=name, seed=int(seed), templates=tuple(templates), grids=grids,
                         options=options, description=description, source=source, kind=kind,
-                        execution=execution, networks=networks, plugins=named,
-                        command=command)
+                        execution=execution, networks=networks, plugins=named, model=model,
+                        decisions=decisions, command=command)
     if check_files:
         check_against_grid(campaign)
         check_backend(campaign, options.backend)
@@ -236,7 +241,7 @@ def _options(value: Any) -> Options:
                                 "allowed; allowed: true, false")
         out["link_log"] = value["link_log"]
     for key, choices in (("durability", DURABILITY), ("backend", BACKENDS),
-                         ("derivation", DERIVATIONS)):
+                         ("derivation", DERIVATIONS), ("wire_encoding", WIRE_ENCODINGS)):
         if key in value:
             out[key] = _choice(value[key], f"options.{key}", choices)
     return Options(**out)
@@ -270,7 +275,7 @@ def _grid(raw: Mapping[str, Any], where: str, networks: Sequence[str], kind: str
                            else _grid_value(name, v, f"{where}.{name}", networks)
                            for v in values)
         _no_duplicates(list(grid[name]), f"{where}.{name}")
-    if kind in TRIAL_KINDS:
+    if kind in SINGLE_ACTION_KINDS:
         for name in TRIAL_FIXED:
             if grid[name] != GRID_DEFAULTS[name]:
                 raise CampaignError(f"{where}.{name}: a {kind} trial is one action; leave "
@@ -304,6 +309,8 @@ def _grid_value(name: str, value: Any, where: str, networks: Sequence[str]) -> A
         return _choice(value, where, UPDATE_TARGETS)
     if name == "scenario":
         return _choice(value, where, SCENARIOS)
+    if name in ("executor_inputs", "overlap"):
+        return live_grid_value(name, value, where)
     if name == "batch":
         if _is_int(value) and 1 <= value <= MAX_BATCHES:
             return int(value)

@@ -23,6 +23,7 @@ Rules this module obeys (pure: no I/O, no clock, every choice from a seeded gene
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 from testbed.campaign.workload import (
     ARTIFACT_BYTES,
@@ -44,7 +45,11 @@ from testbed.campaign.workload import (
 #: Study kinds whose episodes are single-action trials (the first kind, ``episodes``, is
 #: the workload of ``testbed.campaign.workload``).
 TRIAL_KINDS = ("replanning", "handoff")
-KINDS = ("episodes", *TRIAL_KINDS)
+#: Live workflows (``testbed.campaign.live``): single actions too, decided by a model.
+LIVE_KINDS = ("live",)
+KINDS = ("episodes", *TRIAL_KINDS, *LIVE_KINDS)
+#: Kinds whose episodes are one protected action (their workload fields are fixed).
+SINGLE_ACTION_KINDS = (*TRIAL_KINDS, *LIVE_KINDS)
 #: Which updates run during a replanning trial.
 UPDATE_TARGETS = ("relevant", "unrelated")
 #: The handoff evidence scenarios (Table G.1), in table order.
@@ -55,8 +60,10 @@ TRIAL_UNITS = 3
 
 def trial_schedule(*, seed: int, family: str, template: str, agents: int = 5,
                    keys: int = 8, tier: str = "compact", derivation: str = "direct",
-                   kind: str = "replanning") -> Schedule:
-    """The seeded single-action schedule of one trial (module rules 1-3)."""
+                   kind: str = "replanning", decide: Callable[[int], str] | None = None
+                   ) -> Schedule:
+    """The seeded single-action schedule of one trial (module rules 1-3); ``decide(0)``
+    replaces the recorded decision (a live run's, ``testbed.campaign.decisions``)."""
     if kind not in TRIAL_KINDS:
         raise WorkloadError(f"kind: {kind!r} is not allowed; allowed: {', '.join(TRIAL_KINDS)}")
     if template_family(template) != family or family not in FAMILIES:
@@ -83,6 +90,8 @@ def trial_schedule(*, seed: int, family: str, template: str, agents: int = 5,
     depth = shape.depth if derivation == "template" else 0
     verb = rng.choice(("hold", "book", "allocate", "ship", "stage", "promote"))
     decision = f"{verb}:option-{rng.randrange(1, 100):02d}"
+    if decide is not None:
+        decision = decide(0)
     events = (Plan(0, ACTION, planner, executor, (requirement,), depth, decision),
               Update(1, requirement, owner, rtype, trial_content(template, requirement, 1,
                                                                  size)),

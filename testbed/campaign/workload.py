@@ -39,6 +39,9 @@ Rules this module obeys (pure: no I/O, no clock, every choice from a seeded gene
    so it takes nothing from the schedule's stream and is not correlated with which key
    the block's updates write. Being a function of what the digest already covers, it
    is left out of the digest: every schedule (and digest) is what it was before.
+8. A plan's decision is the template's (a verb of the family's vocabulary and an
+   option) unless the campaign replays the decisions a live run's models made
+   (``testbed.campaign.decisions``); then only the decisions differ.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from __future__ import annotations
 import hashlib
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -239,8 +243,12 @@ def realised_counts(units: int, rho: float) -> Counts:
 
 def generate_schedule(*, seed: int, family: str, template: str, agents: int = 5,
                       keys: int = 8, units: int = 64, deps: int = 1, rho: float = 4,
-                      tier: str = "compact", derivation: str = DERIVATIONS[0]) -> Schedule:
-    """Build the seeded schedule of one episode (see the module rules)."""
+                      tier: str = "compact", derivation: str = DERIVATIONS[0],
+                      decide: Callable[[int], str] | None = None) -> Schedule:
+    """Build the seeded schedule of one episode (see the module rules).
+
+    ``decide(i)`` gives the decision of the ``i``-th plan in place of the template's
+    (recorded decisions of a live run, rule 8); every seeded draw stays the same."""
     _check_params(family, template, agents, keys, units, deps, rho, tier)
     if derivation not in DERIVATIONS:
         raise WorkloadError(f"derivation: {derivation!r} is not allowed; allowed: "
@@ -277,6 +285,8 @@ def generate_schedule(*, seed: int, family: str, template: str, agents: int = 5,
         declared = tuple(sorted(rng.sample(key_ids, deps)))
         verb = rng.choice(_VERBS[family])
         decision = f"{verb}:option-{rng.randrange(1, 100):02d}"
+        if decide is not None:
+            decision = decide(index)
         events.append(Plan(unit, action, agent_ids[planner], agent_ids[executor], declared,
                            depth, decision))
         unit += 1

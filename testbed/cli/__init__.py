@@ -21,6 +21,7 @@ from testbed.cli import (
     cluster,
     info,
     maintenance,
+    model,
     policies,
     precision,
     programs,
@@ -35,7 +36,8 @@ from testbed.cli.common import (
 from testbed.errors import HostError, UserError, one_line
 
 #: Sub-command modules in the order `testbed --help` lists them.
-COMMAND_MODULES = (info, campaigns, precision, programs, policies, cluster, maintenance, bench)
+COMMAND_MODULES = (info, campaigns, precision, programs, policies, cluster, maintenance, model,
+                   bench)
 
 
 def build_parser() -> argparse.ArgumentParser:

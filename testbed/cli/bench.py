@@ -193,6 +193,27 @@ def _calibrate_args(b: argparse.ArgumentParser) -> None:
                    help="streams to measure (default 5)")
 
 
+def _model(args: argparse.Namespace, out: Console, json_path: Path | None) -> Any:
+    import trio
+
+    from testbed.tools.bench_model import bench_model
+
+    result = trio.run(lambda: bench_model(out, calls=args.calls, templates=args.templates,
+                                          latency=args.latency))
+    write_json(json_path, result)
+    return result
+
+
+def _model_args(b: argparse.ArgumentParser) -> None:
+    b.add_argument("--calls", type=positive_int, default=200, metavar="N",
+                   help="role calls for the overhead figure (default 200)")
+    b.add_argument("--templates", type=positive_int, default=6, metavar="N",
+                   help="tasks per arm of the live preset run (default 6)")
+    b.add_argument("--latency", default="calibrated",
+                   help="the stand-in's latency for the preset run: calibrated (default), "
+                        "matched, zero or seconds")
+
+
 BenchRun = Callable[[argparse.Namespace, "Console", "Path | None"], Any]
 
 
@@ -221,6 +242,9 @@ BENCHES: tuple[Bench, ...] = (
           _calibrate_args),
     Bench("transfer", "one fresh authenticated transfer against payload and loss on a wired, "
                       "an LTE and a LEO-like network (fig. C.1)", _transfer, _transfer_args),
+    Bench("model", "role-call overhead against the stand-in model server, and the live "
+                   "preset's wall time per attempt at the calibrated latency", _model,
+          _model_args),
 )
 
 

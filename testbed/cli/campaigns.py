@@ -27,6 +27,10 @@ def _load(args: argparse.Namespace) -> Any:
     from testbed.campaign.networks import check_backend
 
     campaign = api.load(args.campaign, plugins=args.plugin, templates=args.templates)
+    if args.model_url is not None or args.model is not None:
+        from testbed.campaign.live_parse import with_endpoint
+
+        campaign = with_endpoint(campaign, base_url=args.model_url, model=args.model)
     check_backend(campaign, args.backend or campaign.options.backend)
     return campaign
 
@@ -154,6 +158,14 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _model_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model-url", metavar="URL",
+                   help="live campaigns: the endpoint's base URL ([model] base_url), e.g. "
+                        "http://gpu1:8000/v1 (docs/live.md)")
+    p.add_argument("--model", metavar="NAME",
+                   help="live campaigns: the model name the server serves ([model] model)")
+
+
 def _plugin_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plugin", action="append", default=[], metavar="MODULE",
                         help="import a policy plugin (a module on sys.path or a .py file) "
@@ -172,6 +184,7 @@ def register(sub: Any) -> None:
     p.add_argument("--repeats", type=positive_int, default=1, metavar="R",
                    help="repeats the expected resolution assumes (default 1)")
     _plugin_flag(p)
+    _model_flags(p)
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("run", help="run a campaign (a preset name or a TOML file)")
@@ -213,6 +226,7 @@ def register(sub: Any) -> None:
                                                     "(default: a fresh directory under /tmp)")
     add_precision_arguments(p)
     _plugin_flag(p)
+    _model_flags(p)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("report", help="tables, figures and report.md for a results directory")

@@ -54,8 +54,9 @@ from testbed.host.processes import is_running, process_start_ticks, same_process
 from testbed.host.userns import in_user_namespace, outer_uid
 
 STATE_DIR = Path("/run/planfence-testbed")
-TMPDIR_KINDS = ("planfence", "pft-ctl", "pft-run")
-"""Node stores and logs; control sockets; users' programs (hosts file, output, metrics)."""
+#: Node stores and logs; control sockets; the model relay's Unix sockets (live campaigns);
+#: users' programs (hosts file, output, metrics).
+TMPDIR_KINDS = ("planfence", "pft-ctl", "pft-model", "pft-run")
 
 
 def run_state_dir() -> Path:

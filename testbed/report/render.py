@@ -66,6 +66,15 @@ def _provenance_lines(run: Run) -> list[str]:
     if "backend" not in run.manifest and "backend" in run.episodes:
         backends = ", ".join(sorted(map(str, run.episodes["backend"].unique())))
         lines.append(f"backend: {backends}")
+    model = run.manifest.get("model")
+    if isinstance(model, dict):  # a live campaign's endpoint (never its key)
+        version = (model.get("server_version") or {}).get("version", "unknown")
+        lines.append(f"model: {model.get('model')} at {model.get('base_url')} (server "
+                     f"{model.get('server') or 'unnamed'}, version {version}, placement "
+                     f"{model.get('placement')})")
+        if model.get("stand_in"):
+            lines.append("model: THE STAND-IN SERVER (rule-based, not a model): the live "
+                         "tables show the harness and the policies, not a model's behaviour")
     return lines
 
 

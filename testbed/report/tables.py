@@ -17,6 +17,7 @@ from testbed.report.load import Run
 from testbed.report.table_common import Options
 from testbed.report.tables_command import COMMAND_KIND, command_tables
 from testbed.report.tables_costs import artifact_tables, batch_tables, cost_tables
+from testbed.report.tables_live import live_tables
 from testbed.report.tables_policy import policy_tables, sync_tables
 from testbed.report.tables_study import (
     density_tables,
@@ -49,6 +50,7 @@ BUILDERS: Sequence[Callable[[Run, Options], list[Table]]] = (
 TRIAL_BUILDERS: Sequence[Callable[[Run, Options], list[Table]]] = (
     replanning_tables,
     handoff_tables,
+    live_tables,
 )
 
 

@@ -22,7 +22,7 @@ CELL_COLUMNS: tuple[str, ...] = (
 #: Study settings of single-action trials (null in other campaigns; not strata of the
 #: generic tables, the study tables read them).
 STUDY_COLUMNS: tuple[str, ...] = ("replan_delay_s", "update_rate_per_s", "update_target",
-                                 "scenario")
+                                 "scenario", "executor_inputs", "overlap")
 #: Columns identifying the episode and its schedule; ``attempt`` numbers the runs of one
 #: episode (repeats and reruns, 1 upward; null in runs made before attempts existed).
 EPISODE_ID_COLUMNS: tuple[str, ...] = ("episode", "family", "template", "schedule_digest",
@@ -44,12 +44,19 @@ TRIAL_ACTION_FIELDS: tuple[str, ...] = (
     "trial_outcome", "relevant_updates", "unrelated_updates", "action_s", "effect_lag_ms",
     "gap_ms", "planner", "executor",
 )
+#: Per task of a live workflow (``testbed.run.live``; docs/live.md has the meanings).
+LIVE_ACTION_FIELDS: tuple[str, ...] = (
+    "primary_outcome", "auditor_actions", "redundant_auditor_actions", "auditor_incorrect",
+    "task_success", "plan_from_initial", "executor_held_revision", "overlap_confirmed",
+    "role_calls", "completions", "model_failures", "corrections", "prompt_tokens",
+    "completion_tokens", "task_s", "role_call_ms_p50", "replan_call_ms",
+)
 #: Per action of a command workload (your own program's metrics, docs/own-programs.md):
 #: the host that reported it, its ``ok``, its time since replay time 0, and the other
 #: fields it reported (a JSON object).
 COMMAND_ACTION_FIELDS: tuple[str, ...] = ("host", "ok", "t_ms", "metrics")
 RUNNER_ACTION_OPTIONAL: tuple[str, ...] = (*COST_ACTION_FIELDS, *TRIAL_ACTION_FIELDS,
-                                           *COMMAND_ACTION_FIELDS)
+                                           *LIVE_ACTION_FIELDS, *COMMAND_ACTION_FIELDS)
 #: Per episode, explainable costs: traffic without channel handshakes, and bytes by phase
 #: (their sum is the episode's traffic; docs/campaigns.md).
 COST_EPISODE_FIELDS: tuple[str, ...] = (
@@ -79,15 +86,20 @@ DISTURBANCE_FIELDS: tuple[str, ...] = (
 COMMAND_EPISODE_FIELDS: tuple[str, ...] = ("link_host_bytes", "programs", "metrics")
 #: Per episode, written by the runner (every one required for a completed episode, but
 #: for :data:`RUNNER_EPISODE_OPTIONAL`).
+#: Bytes of the role calls (HTTP to the model server, both directions): a traffic column
+#: of its own, never part of the data-plane columns (live workflows only).
+MODEL_EPISODE_FIELDS: tuple[str, ...] = ("model_bytes",)
 RUNNER_EPISODE_FIELDS: tuple[str, ...] = (
     "stall_ms_per_action", "stall_action_ms", "stall_barrier_ms", "stall_commit_ms",
     "kib_per_action", "connections", "link_bytes", "wall_s", "congestion_control",
     *COST_EPISODE_FIELDS, "rpc_timeouts", *LINK_EPISODE_FIELDS, *DISTURBANCE_FIELDS,
+    *MODEL_EPISODE_FIELDS,
     *COMMAND_EPISODE_FIELDS,
 )
 RUNNER_EPISODE_OPTIONAL: tuple[str, ...] = ("wall_s", "congestion_control",
                                             *COST_EPISODE_FIELDS, *LINK_EPISODE_FIELDS,
-                                            *DISTURBANCE_FIELDS, *COMMAND_EPISODE_FIELDS)
+                                            *DISTURBANCE_FIELDS, *MODEL_EPISODE_FIELDS,
+                                            *COMMAND_EPISODE_FIELDS)
 
 _CELL_TYPES: dict[str, pa.DataType] = {
     "campaign": pa.string(), "cell": pa.string(), "policy": pa.string(),
@@ -96,6 +108,7 @@ _CELL_TYPES: dict[str, pa.DataType] = {
     "rho": pa.float64(), "tier": pa.string(), "units": pa.int64(), "batch": pa.int64(),
     "replan_delay_s": pa.float64(), "update_rate_per_s": pa.float64(),
     "update_target": pa.string(), "scenario": pa.string(),
+    "executor_inputs": pa.string(), "overlap": pa.string(),
     "episode": pa.string(), "family": pa.string(), "template": pa.string(),
     "schedule_digest": pa.string(), "attempt": pa.int64(),
 }
@@ -111,6 +124,13 @@ _ACTION_TYPES: dict[str, pa.DataType] = {
     "trial_outcome": pa.string(), "relevant_updates": pa.int64(),
     "unrelated_updates": pa.int64(), "action_s": pa.float64(), "effect_lag_ms": pa.float64(),
     "gap_ms": pa.float64(),
+    "primary_outcome": pa.string(), "auditor_actions": pa.int64(),
+    "redundant_auditor_actions": pa.int64(), "auditor_incorrect": pa.int64(),
+    "task_success": pa.bool_(), "plan_from_initial": pa.bool_(),
+    "executor_held_revision": pa.bool_(), "overlap_confirmed": pa.bool_(),
+    "role_calls": pa.int64(), "completions": pa.int64(), "model_failures": pa.int64(),
+    "corrections": pa.int64(), "prompt_tokens": pa.int64(), "completion_tokens": pa.int64(),
+    "task_s": pa.float64(), "role_call_ms_p50": pa.float64(), "replan_call_ms": pa.float64(),
     "host": pa.string(), "ok": pa.bool_(), "t_ms": pa.float64(), "metrics": pa.string(),
 }
 _EPISODE_TYPES: dict[str, pa.DataType] = {
@@ -130,7 +150,7 @@ _EPISODE_TYPES: dict[str, pa.DataType] = {
     "link_up_utilisation": pa.float64(), "link_down_utilisation": pa.float64(),
     "link_up_drops": pa.int64(), "link_down_drops": pa.int64(),
     "emulator_late_p99_ms": pa.float64(), "emulator_late_max_ms": pa.float64(),
-    "link_log": pa.string(), "repeat": pa.int64(),
+    "link_log": pa.string(), "model_bytes": pa.int64(), "repeat": pa.int64(),
     "node_runq_wait_ms": pa.float64(), "node_cpu_ms": pa.float64(),
     "node_oversleep_p99_ms": pa.float64(), "node_oversleep_max_ms": pa.float64(),
     "host_busy_pct": pa.float64(), "host_steal_pct": pa.float64(),

@@ -96,6 +96,10 @@ def _setting(row: pd.Series) -> str:
                      f"{fmt_number(float(row['update_rate_per_s']))}/s {row['update_target']}")
     if isinstance(row.get("scenario"), str):
         parts.append(str(row["scenario"]))
+    if row.get("executor_inputs") == "fresh":  # live: C.2's control arm
+        parts.append("fresh before generation")
+    if row.get("overlap") == "in_generation":  # live: appendix F's cohort
+        parts.append("update in generation")
     if pd.notna(row.get("batch")) and int(row["batch"]) != 1:
         parts.append(f"batch {int(row['batch'])}")
     return "; ".join(parts)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -40,11 +40,14 @@ class EpisodeResult:
     ``actions``: one dict per scheduled protected action with exactly the fields in
     ``testbed.results.schema.RUNNER_ACTION_FIELDS``. ``episode``: the fields in
     ``RUNNER_EPISODE_FIELDS`` (``wall_s`` and ``congestion_control`` may be
-    left out). The campaign adds the cell, schedule and identity columns.
+    left out). The campaign adds the cell, schedule and identity columns. ``decisions``:
+    the role calls of a live workflow (``nodes.role_calls``), which the loop writes to
+    the run directory's ``decisions/`` before it commits the episode.
     """
 
     actions: list[dict[str, Any]]
     episode: dict[str, Any]
+    decisions: list[dict[str, Any]] = field(default_factory=list)
 
 
 class Group(Protocol):

@@ -52,6 +52,7 @@ import trio
 
 from protocols.errors import ProtocolError
 from protocols.policies import describe_policy
+from testbed.campaign.live import LIVE_KIND
 from testbed.campaign.model import Campaign, Cell, GroupKey, episode_key
 from testbed.campaign.workload import Act, Plan, Schedule, Update
 from testbed.errors import LinkFailure, RunFailure
@@ -60,6 +61,8 @@ from testbed.net.topology import Topology, open_topology
 from testbed.run.accounting import PhaseTally, action_costs, episode_costs
 from testbed.run.contract import EpisodeAborted, EpisodeResult
 from testbed.run.disturbance import HostSample, episode_disturbance
+from testbed.run.live import run_live_task
+from testbed.run.model_access import ModelAccess, needs_central_host, open_model_access
 from testbed.run.prepare import start_episode
 from testbed.run.team import (
     NodeDied,
@@ -92,6 +95,8 @@ class TeamGroup:
         self.link_log_dir = link_log_dir
         #: (setup seconds, whole episode seconds) per episode, for `testbed bench episode`.
         self.setup_times: list[tuple[float, float]] = []
+        #: A live campaign's relay to the model server (``testbed.run.model_access``).
+        self.model_access: ModelAccess | None = None
 
     @property
     def backend(self) -> str:
@@ -153,6 +158,8 @@ class TeamGroup:
         return result[0]
 
     async def _run(self, cell: Cell, schedule: Schedule) -> EpisodeResult:
+        if self.campaign.kind == LIVE_KIND:  # live workflows (testbed/run/live.py)
+            return await run_live_task(self, cell, schedule)
         if self.campaign.kind != "episodes":  # single-action trials (testbed/run/trials.py)
             return await run_trial(self, cell, schedule)
         team, topo = self.team, self.topo
@@ -328,7 +335,8 @@ class EpisodeRunner:
         workdir = (ledger.new_tmpdir("planfence", self.workdir_root) if ledger is not None
                    else Path(tempfile.mkdtemp(prefix="planfence-", dir=self.workdir_root)))
         try:
-            async with open_topology(profile, agents, central=key.central,
+            central = key.central or needs_central_host(self.campaign)
+            async with open_topology(profile, agents, central=central,
                                      trace_offset_s=key.trace_offset_s,
                                      backend=self.backend, seed=self.campaign.seed,
                                      packet_log=self.link_log_dir is not None,
@@ -343,11 +351,15 @@ class EpisodeRunner:
                                      congestion_control=topo.socket_congestion_control,
                                      startup_timeout_s=self.startup_timeout_s,
                                      plugins=self.campaign.plugins,
+                                     wire_encoding=options.wire_encoding,
                                      ) as team:
                     group = TeamGroup(topo, team, self.campaign,
                                       link_log_dir=self.link_log_dir)
-                    self.groups.append(group)
-                    yield group
+                    async with open_model_access(self.campaign, topo, team,
+                                                 ledger=ledger) as access:
+                        group.model_access = access
+                        self.groups.append(group)
+                        yield group
         finally:
             if ledger is not None:
                 ledger.remove_tmpdir(workdir)

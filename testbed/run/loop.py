@@ -37,6 +37,9 @@ Rules this module obeys:
    own with its ``attempt`` and ``repeat`` numbers, and what is still to run is planned
    from the committed attempts, so ``--resume`` neither repeats a committed attempt nor
    loses an interrupted rerun. The session in the manifest records both settings.
+7. A live campaign's model endpoint is probed before anything is created: unreachable is
+   a one-line HostError, a model it does not serve a one-line UserError; the manifest
+   records the model name and the server's reported version (never the API key).
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ from testbed.campaign.plugins import provenance as plugin_provenance
 from testbed.campaign.workload import Schedule
 from testbed.host.lanes import HostLanes
 from testbed.host.userns import privilege
+from testbed.results.decisions import write_decisions
 from testbed.results.provenance import (
     git_revision,
     host_description,
@@ -86,6 +90,7 @@ from testbed.run.command_rows import command_rows
 from testbed.run.contract import EpisodeResult, Runner, RunSummary
 from testbed.run.engines import Engine, LocalEngine
 from testbed.run.failures import UnitFailure, describe_failure, record_failure
+from testbed.run.model_access import probe_model
 from testbed.run.units import EpisodeOutcome, plan_units
 
 
@@ -119,6 +124,7 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
         extended_from = _check_same_campaign(run_dir, campaign, extend=extend)
     networks = network_provenance(campaign)  # hashes the trace files before anything runs
     plugins = plugin_provenance(campaign)
+    model = await probe_model(campaign)  # a live campaign's endpoint, before any episode
     t0 = time.monotonic()
     run_dir.open()
     status = "interrupted"
@@ -143,6 +149,7 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
             networks={**previous.get("networks", {}), **networks},
             **({"plugins": {**previous.get("plugins", {}), **plugins}}
                if plugins or "plugins" in previous else {}),
+            **({"model": model} if model is not None else {}),
             sessions=[*sessions, session], status="running")
         done = run_dir.completed()
         episodes = campaign.episodes()
@@ -218,6 +225,9 @@ def commit_outcome(campaign: Campaign, run_dir: RunDir, outcome: EpisodeOutcome)
         return True
     rows = command_rows if campaign.kind == COMMAND_KIND else _rows
     actions, episode_row = rows(base, campaign, schedule, outcome.result, outcome.wall_s, key)
+    if outcome.result.decisions:  # before the commit point: a committed episode has them
+        write_decisions(run_dir.path, key, outcome.result.decisions,
+                        {k: base[k] for k in ("episode", "cell", "policy", "family", "template")})
     run_dir.record_episode(key, actions, {**episode_row, "worker": outcome.worker,
                                           "repeat": outcome.repeat})
     return False

@@ -148,6 +148,13 @@ def plan_lines(campaign: Campaign, *, jobs: int = 1, backend: str | None = None,
     chosen = backend or campaign.options.backend
     lines.append(f"backend: {chosen}" + (" (chosen when the run starts; see `testbed "
                                          "doctor`)" if chosen == "auto" else ""))
+    if campaign.model is not None:
+        lines.append(f"model: {campaign.model.model} at {campaign.model.base_url} (placement "
+                     f"{campaign.model.placement}; probed when the run starts; the estimate "
+                     "below leaves out generation: 3-4 role calls per task)")
+    if campaign.decisions is not None:
+        lines.append(f"decisions: the planners' decisions recorded under "
+                     f"{campaign.decisions.path}")
     if campaign.options.link_log:
         lines.append("link_log: every episode writes per-host packet logs under "
                      "<out>/links/ (userspace backend)")

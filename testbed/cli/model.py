@@ -1,0 +1,104 @@
+"""``testbed model-server``: the stand-in model server for tests, CI and demos.
+
+It is rule-based, not a model (``testbed.tools.stand_in``); a run made against it says
+so in its manifest and report. Point a live campaign at a real server by changing
+``[model] base_url`` and ``model`` (docs/live.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from testbed.cli.common import version
+from testbed.errors import HostError, UserError
+
+
+def _rules(args: argparse.Namespace) -> Any:
+    from testbed.tools.stand_in import StandInRules, load_replay
+
+    replay = {}
+    if args.replay is not None:
+        from testbed.campaign.decisions import decision_files
+
+        run = Path(args.replay)
+        if not decision_files(run):
+            raise UserError(f"--replay: {run} has no recorded decisions (decisions/*.jsonl "
+                            "of a live run)")
+        replay = load_replay(run)
+    try:
+        return StandInRules(seed=args.seed, latency=args.latency, fault=args.fault,
+                            fault_rate=args.fault_rate, fault_first=args.fault_first,
+                            slow_s=args.slow_s, auditor_repeat_rate=args.auditor_repeat_rate,
+                            replay=replay)
+    except ValueError as exc:
+        raise UserError(f"--{str(exc).replace('_', '-')}") from None
+
+
+def cmd_model_server(args: argparse.Namespace) -> int:
+    import trio
+
+    from testbed.tools.model_server import StandInServer
+
+    rules = _rules(args)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((args.host, args.port))
+    except OSError as exc:
+        sock.close()
+        raise HostError(f"--port: cannot listen on {args.host}:{args.port} ({exc.strerror}); "
+                        "choose another --port (0 picks a free one)") from None
+    sock.listen(128)
+    host, port = sock.getsockname()[:2]
+    server = StandInServer(rules, model=args.model, version=version())
+
+    async def main() -> None:
+        listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(server.serve, listener)
+                print(f"stand-in model server (rule-based, not a model) serving "
+                      f"{args.model!r} on http://{host}:{port}/v1 (latency {rules.latency}"
+                      f"{f', fault {rules.fault}' if rules.fault else ''}"
+                      f"{', replaying recorded decisions' if rules.replay else ''})",
+                      flush=True)
+                async for _ in signals:
+                    nursery.cancel_scope.cancel()
+                    break
+
+    trio.run(main)
+    print(f"stand-in model server: {server.requests} requests, {server.faults} faults",
+          file=sys.stderr)
+    return 0
+
+
+def register(sub: Any) -> None:
+    from testbed.tools.stand_in import FAULTS, LATENCIES
+
+    p = sub.add_parser("model-server", help="the stand-in OpenAI-compatible model server "
+                                            "(rule-based, not a model) for live campaigns")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    p.add_argument("--port", type=int, default=8800, help="port (8800; 0 picks a free one)")
+    p.add_argument("--model", default="planfence-stand-in",
+                   help="the model name it serves (planfence-stand-in)")
+    p.add_argument("--seed", type=int, default=0, help="seed of latencies and faults (0)")
+    p.add_argument("--latency", default="zero", metavar="|".join(LATENCIES) + "|SECONDS",
+                   help="answer delay: zero, calibrated (median 1.17 s, IQR 0.69-2.90 s), "
+                        "matched (0.6 s) or a fixed number of seconds (default zero)")
+    p.add_argument("--fault", choices=list(FAULTS), help="inject a fault into answers")
+    p.add_argument("--fault-rate", type=float, default=1.0,
+                   help="share of attempts the fault hits (seeded; default 1)")
+    p.add_argument("--fault-first", type=int, default=None, metavar="N",
+                   help="only the first N attempts of each prompt (then answer normally)")
+    p.add_argument("--slow-s", type=float, default=30.0,
+                   help="extra delay of the slow fault (default 30 s)")
+    p.add_argument("--auditor-repeat-rate", type=float, default=0.0,
+                   help="chance that an agreeing auditor repeats the action (default 0)")
+    p.add_argument("--replay", metavar="RUN",
+                   help="answer from a live run's recorded decisions instead of the rules")
+    p.set_defaults(func=cmd_model_server)
