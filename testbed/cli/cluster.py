@@ -126,7 +126,7 @@ def cmd_certs(args: argparse.Namespace) -> int:
 
 
 def _worker_parser(sub: Any) -> None:
-    from testbed.tools.worker import DEFAULT_DEATH_TIMEOUT_S
+    from testbed.run.cluster_security import DEFAULT_DEATH_TIMEOUT_S
 
     p = sub.add_parser("worker", help="serve this host as a dask worker for campaigns")
     p.add_argument("scheduler", help="scheduler address, e.g. tls://10.0.0.1:8786")

@@ -30,6 +30,10 @@ from typing import Any
 
 from testbed.errors import UserError
 
+#: How long a worker waits for a lost scheduler before it exits (``testbed worker
+#: --death-timeout``; here so the command line names it without importing the worker).
+DEFAULT_DEATH_TIMEOUT_S = 300.0
+
 CONFIG_SECTION = "cluster"
 CONFIG_KEYS = ("tls_ca_file", "tls_cert", "tls_key")
 LOOPBACK = "127.0.0.1"

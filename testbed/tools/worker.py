@@ -35,12 +35,11 @@ import os
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
-
-from rich.console import Console
+from typing import TYPE_CHECKING, Any
 
 from testbed.errors import HostError
 from testbed.run.cluster_security import (
+    DEFAULT_DEATH_TIMEOUT_S,
     LOOPBACK,
     ClusterAccess,
     check_listen,
@@ -51,7 +50,9 @@ from testbed.run.cluster_security import (
 )
 from testbed.tools.doctor import auto_backend, render_doctor, run_doctor
 
-DEFAULT_DEATH_TIMEOUT_S = 300.0
+if TYPE_CHECKING:  # rich only where a worker runs: `testbed exec` parses this module's CLI
+    from rich.console import Console
+
 PROBE_TIMEOUT_S = 5.0
 
 

@@ -224,3 +224,11 @@ def test_packet_logs_on_a_cluster_are_refused_before_anything_starts(tmp_path: P
                           capture_output=True, timeout=120, check=False)
     _one_line(proc, 2, "options.link_log: packet logs are written by runs in this process")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_spread_write_defaults_to_the_shipped_table() -> None:
+    """The command line names the table without importing testbed.report.spread."""
+    from testbed.report.spread import SPREAD_TABLE
+
+    args = build_parser().parse_args(["spread", "somewhere", "--write"])
+    assert Path(args.write) == SPREAD_TABLE
