@@ -1,4 +1,4 @@
-"""Data-plane client: calls to other nodes, ``fresh`` or ``reuse`` connections.
+"""Data-plane client: calls to other nodes, ``fresh`` or pooled (``reuse``, ``reuse_warm``).
 
 Rules 1, 2, 4 and 5 of ``nodes/transport.py`` apply; this module is the client side.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -16,6 +16,7 @@ import trio
 
 from nodes.transport import (
     CONNECTION_SETTINGS,
+    POOLED_CONNECTIONS,
     Connection,
     Counters,
     FramedStream,
@@ -25,7 +26,13 @@ from nodes.transport import (
     unwrap_response,
 )
 from protocols.auth import HANDSHAKE2_BYTES, ChannelInitiator, Session
-from protocols.errors import LocalProtocolError, PeerUnavailable, RemoteProtocolError, RpcTimeout
+from protocols.errors import (
+    LocalProtocolError,
+    PeerUnavailable,
+    RemoteProtocolError,
+    RpcError,
+    RpcTimeout,
+)
 from protocols.identity import Identity, Roster
 
 log = logging.getLogger("nodes.transport.client")
@@ -216,7 +223,8 @@ class RpcClient:
             raise call_error
         return result
 
-    async def _call_reuse(self, peer_id: str, method: str, params: dict[str, Any]) -> Any:
+    async def _pooled(self, peer_id: str) -> _PooledConnection:
+        """The pool's connection to ``peer_id``, opened if there is none."""
         conn = self._pool.get(peer_id)
         if conn is None:
             lock = self._open_locks.setdefault(peer_id, trio.Lock())
@@ -227,7 +235,48 @@ class RpcClient:
                     conn = _PooledConnection(peer_id, framed, session, self.counters)
                     self._pool[peer_id] = conn
                     self._nursery.start_soon(conn.reader, self._drop)
-        return await conn.call(method, params)
+        return conn
+
+    async def _call_reuse(self, peer_id: str, method: str, params: dict[str, Any]) -> Any:
+        return await (await self._pooled(peer_id)).call(method, params)
+
+    async def warm_roster(self) -> int:
+        """:meth:`warm` to every other roster member with an address."""
+        return await self.warm(m.agent_id for m in self.roster.members.values()
+                               if m.agent_id != self.identity.agent_id and m.port)
+
+    async def warm(self, peer_ids: Iterable[str]) -> int:
+        """Open the pooled connection to every peer in ``peer_ids`` at once (the
+        ``reuse_warm`` setting's setup); returns how many were opened. Each open is
+        bounded by ``timeout_s``; a failure raises as a call would."""
+        if self.connection not in POOLED_CONNECTIONS:
+            raise LocalProtocolError(f"connection: {self.connection!r} keeps no pool to warm")
+        peers = sorted(set(peer_ids))
+        for peer_id in peers:
+            if peer_id not in self.roster.members:
+                raise LocalProtocolError(f"peer_id {peer_id!r} is not a roster member")
+        opened_before = self.counters.connections_opened
+        failures: list[Exception] = []
+
+        async def one(peer_id: str) -> None:
+            try:
+                with trio.fail_after(self.timeout_s):
+                    # one request proves the connection to the server, which would
+                    # otherwise close it after first_frame_timeout_s without one
+                    await (await self._pooled(peer_id)).call("ping", {})
+            except trio.TooSlowError:
+                self.counters.rpc_timeouts += 1
+                failures.append(RpcTimeout(
+                    f"warm: no connection to {peer_id} within {self.timeout_s} s"))
+            except (RpcError, RemoteProtocolError) as exc:
+                failures.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            for peer_id in peers:
+                nursery.start_soon(one, peer_id)
+        if failures:
+            raise failures[0]
+        return self.counters.connections_opened - opened_before
 
     def _drop(self, conn: _PooledConnection) -> None:
         if self._pool.get(conn.peer_id) is conn:

@@ -41,6 +41,7 @@ from nodes.server import DataPlaneServer, serve_data_plane
 from nodes.service import Service, watch_parent
 from nodes.store import DURABILITY_MODES, PolicyStateArea, SqliteStore, remove_store_files
 from nodes.transport import CONNECTION_SETTINGS, Connection, Counters
+from nodes.wire_ops import WireOps
 from protocols.errors import LocalProtocolError
 from protocols.identity import Identity, Roster
 from protocols.planning import PlanningError, current_inputs, derive_plan, own_record
@@ -123,7 +124,7 @@ def _episode_identity(args: Mapping[str, Any], cfg: _Config) -> tuple[Identity, 
     return identity, roster
 
 
-class Node(LiveOps):
+class Node(LiveOps, WireOps):
     """State and control operations of one node process."""
 
     def __init__(self, nursery: trio.Nursery) -> None:
@@ -287,6 +288,7 @@ class Node(LiveOps):
         except LimitsError as exc:
             raise ControlError(str(exc)) from None
         self.limits = limits
+        self.configure_wire_encoding(args)
         store = self.store
         if (store is None or self.cfg is None or store.path != cfg.store_path
                 or store.durability != cfg.durability):
@@ -340,7 +342,7 @@ class Node(LiveOps):
         store.install(record)
         _, _, env, policy = self._ready()
         await policy.on_seed(env, record.head)  # setup, never timed as stall
-        return {"head": record.head.to_wire()}
+        return {"head": record.head.to_wire("msgpack")}
 
     def _own_key(self, key: str) -> str:
         cfg = self.cfg
@@ -391,7 +393,7 @@ class Node(LiveOps):
         new_head = record.head
         before = self._traffic()
         timed = await self._timed_hook("on_update", lambda: policy.on_update(env, new_head))
-        return {"head": new_head.to_wire(), "t_ns": t_ns, "bytes": self._traffic() - before,
+        return {"head": new_head.to_wire("msgpack"), "t_ns": t_ns, "bytes": self._traffic() - before,
                 **timed}
 
     async def op_unit_end(self, args: Mapping[str, Any]) -> dict[str, Any]:

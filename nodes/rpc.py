@@ -113,6 +113,7 @@ class Handlers:
         self._table: dict[str, Callable[[str, object], dict[str, Any]]] = {
             "heads": self._heads, "fetch": self._fetch, "install": self._install,
             "versions": self._versions, "commit": self._commit, "dir_heads": self._dir_heads,
+            "ping": self._ping,
         }
         #: The current policy's methods and what their handlers see (rule 4).
         self.policy: PolicyContext | None = None
@@ -141,6 +142,12 @@ class Handlers:
             log.warning("rejected %s from %s: %s: %s", method, peer_id,
                         type(exc).__name__, exc)
             raise
+
+    def _ping(self, peer: str, params: object) -> dict[str, Any]:
+        """Proves a warmed connection (``reuse_warm``): the server holds a connection
+        without an authenticated frame for ``first_frame_timeout_s`` only."""
+        _exact(params, set(), "ping")
+        return {}
 
     def _heads(self, peer: str, params: object) -> dict[str, Any]:
         keys = _keys(params, "heads")

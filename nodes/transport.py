@@ -18,7 +18,9 @@ Rules this module enforces:
 5. Client ``fresh``: one TCP connection + handshake per call, closed after the
    response. ``reuse``: one lazily opened connection per peer, requests multiplexed
    by id, a reader task per connection; no response caching; a broken connection is
-   dropped from the pool and the next call opens a new one.
+   dropped from the pool and the next call opens a new one. ``reuse_warm``: ``reuse``
+   whose pool the controller fills at setup (the ``warm`` control op opens one pooled
+   connection to every other roster member), before anything is measured.
 6. A frame is one write of prefix + body (when the socket buffer takes it) and the
    receiver reads only when the socket is readable; no byte of a frame changes for it.
 """
@@ -49,9 +51,11 @@ log = logging.getLogger("nodes.transport")
 Handler = Callable[[str, str, dict[str, Any]], Awaitable[Any]]
 #: A handler that answers without awaiting (the node's): the server runs it inline.
 SyncHandler = Callable[[str, str, dict[str, Any]], Any]
-Connection = Literal["fresh", "reuse"]
+Connection = Literal["fresh", "reuse", "reuse_warm"]
 #: The connection settings, in order: the values of :data:`Connection` (one list).
 CONNECTION_SETTINGS: tuple[Connection, ...] = get_args(Connection)
+#: Settings that keep a pool of connections (rule 5).
+POOLED_CONNECTIONS: frozenset[str] = frozenset({"reuse", "reuse_warm"})
 
 
 def is_connection(value: object) -> TypeGuard[Connection]:

@@ -167,7 +167,11 @@ class Head(Schema):
             raise _bad(where, str(exc)) from None
 
     def max_bytes(self) -> int:
-        return 4 * _HEADER + 3 + 200 + 64 + 9 + RECORD_ID_BYTES
+        compact = 4 * _HEADER + 3 + 200 + 64 + 9 + RECORD_ID_BYTES
+        # JSON text (protocols.record_json) in a bin: hex ID, characters escaped as
+        # \uXXXX pairs at worst, a 20-digit sequence and the fixed punctuation.
+        json_text = _HEADER + 40 + 2 * RECORD_ID_BYTES + 12 * (200 + 64) + 20
+        return max(compact, json_text)
 
     def describe(self) -> str:
         return "head"

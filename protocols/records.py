@@ -13,6 +13,11 @@ Rules this module enforces:
 4. A :class:`HeadInfo` is the metadata envelope of a record (what owners return
    for head queries and what announcements carry): no content, but the ID, so a
    consumer can fetch the exact record and verify it against the ID it was told.
+5. On the wire a record or head entry is a compact msgpack map (``"msgpack"``, the
+   default) or JSON text (``"json"``, ``protocols.record_json``). The encoding a node
+   sends is one setting of its process (:func:`set_wire_encoding`, from ``configure``);
+   ``to_wire`` may name one explicitly. ``from_wire`` accepts either form. IDs and
+   signatures never depend on it: they are over the canonical msgpack (rule 1).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import Any
 import msgpack
 from nacl.exceptions import BadSignatureError
 
+from protocols import record_json
 from protocols.errors import IntegrityError, OwnerRuleError, RemoteProtocolError
 from protocols.identity import Identity, Roster
 
@@ -37,6 +43,20 @@ MAX_SEQ = 2**63 - 1  # SQLite INTEGER; a larger sequence is the peer's protocol 
 RECORD_TYPES = frozenset({"requirement", "review", "plan", "decision", "artifact", "action"})
 _ID_PERSON = b"pf-record-v1"
 _FORMAT_VERSION = 1
+WIRE_ENCODINGS: tuple[str, ...] = ("msgpack", "json")
+_wire = {"encoding": "msgpack"}  # this process's setting (rule 5)
+
+
+def set_wire_encoding(encoding: str) -> None:
+    """How this process sends records and head entries from now on (rule 5)."""
+    if encoding not in WIRE_ENCODINGS:
+        raise ValueError(f"wire_encoding: {encoding!r} is not one of "
+                         f"{', '.join(WIRE_ENCODINGS)}")
+    _wire["encoding"] = encoding
+
+
+def wire_encoding() -> str:
+    return _wire["encoding"]
 
 
 def _digest(encoded: bytes) -> bytes:
@@ -72,14 +92,20 @@ class Record:
     def head(self) -> HeadInfo:
         return HeadInfo(self.key, self.owner, self.seq, self.id)
 
-    def to_wire(self) -> dict[str, Any]:
-        return {"key": self.key, "owner": self.owner, "seq": self.seq,
+    def to_wire(self, encoding: str | None = None) -> Any:
+        """The wire form (rule 5): a map, or JSON text under ``"json"``."""
+        wire = {"key": self.key, "owner": self.owner, "seq": self.seq,
                 "parents": list(self.parents), "rtype": self.rtype,
                 "content": self.content, "author": self.author, "sig": self.signature}
+        if (encoding or _wire["encoding"]) == "json":
+            return record_json.encode_record(wire)
+        return wire
 
     @classmethod
     def from_wire(cls, d: object) -> Record:
         """Decode a peer-supplied record, checking types and sizes (not signatures)."""
+        if isinstance(d, bytes):
+            d = record_json.decode_record(d)
         if not isinstance(d, Mapping):
             raise RemoteProtocolError("record is not a map")
         try:
@@ -115,11 +141,17 @@ class HeadInfo:
     seq: int
     record_id: bytes
 
-    def to_wire(self) -> dict[str, Any]:
-        return {"key": self.key, "owner": self.owner, "seq": self.seq, "id": self.record_id}
+    def to_wire(self, encoding: str | None = None) -> Any:
+        """The wire form (rule 5): a map, or JSON text under ``"json"``."""
+        wire = {"key": self.key, "owner": self.owner, "seq": self.seq, "id": self.record_id}
+        if (encoding or _wire["encoding"]) == "json":
+            return record_json.encode_head(wire)
+        return wire
 
     @classmethod
     def from_wire(cls, d: object) -> HeadInfo:
+        if isinstance(d, bytes):
+            d = record_json.decode_head(d)
         if not isinstance(d, Mapping):
             raise RemoteProtocolError("head is not a map")
         key, owner, seq, rid = d.get("key"), d.get("owner"), d.get("seq"), d.get("id")

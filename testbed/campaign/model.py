@@ -76,7 +76,7 @@ TRIAL_FIXED = ("rho", "units", "deps")
 #: Options added after the first recorded runs, with the default that keeps their old
 #: behaviour (rule 5); ``derivation`` is not one of them (its default changed).
 NEW_OPTION_DEFAULTS: dict[str, Any] = {"action_deadline_s": 30.0, "effect_delay_s": 0.0,
-                                       "link_log": False}
+                                       "link_log": False, "wire_encoding": "msgpack"}
 
 
 class CampaignError(UserError):
@@ -104,6 +104,8 @@ class Options:
     #: Trials: time between a release and its recorded effect.
     effect_delay_s: float = 0.0
     link_log: bool = False  # per-episode packet logs of every link (Mahimahi format)
+    #: Records and head entries on the wire: compact msgpack maps or the paper's JSON.
+    wire_encoding: str = "msgpack"
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,7 @@ from testbed.campaign.vocabulary import (
     MAX_TEMPLATES,
     RHOS,
     TIERS,
+    WIRE_ENCODINGS,
     allowed_policies,
     network_names,
     normal_spec,
@@ -258,7 +259,7 @@ def _options(value: Any) -> Options:
                                 "allowed; allowed: true, false")
         out["link_log"] = value["link_log"]
     for key, choices in (("durability", DURABILITY), ("backend", BACKENDS),
-                         ("derivation", DERIVATIONS)):
+                         ("derivation", DERIVATIONS), ("wire_encoding", WIRE_ENCODINGS)):
         if key in value:
             out[key] = _choice(value[key], f"options.{key}", choices)
     return Options(**out)

@@ -18,6 +18,7 @@ from nodes.store import DURABILITY_MODES
 from nodes.transport import CONNECTION_SETTINGS, Connection
 from protocols.policies import allowed_specs, describe_policy, make_policy
 from protocols.policies.registry import normal_spec, policy_class
+from protocols.records import WIRE_ENCODINGS as _WIRE_ENCODINGS
 from testbed.campaign.workload import (
     FAMILIES,
     MAX_AGENTS,
@@ -30,10 +31,12 @@ from testbed.campaign.workload import (
 from testbed.links.backend import BACKEND_CHOICES
 from testbed.links.profiles import profile_names
 
-#: Nominal update rates a campaign may ask for (the paper's grid).
-RHOS = (0.25, 1.0, 4.0, 16.0)
+#: Nominal update rates a campaign may ask for: the paper's grid and the interpolated
+#: rates its learned-selector study (D.10) holds out.
+RHOS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 CONNECTIONS: tuple[Connection, ...] = CONNECTION_SETTINGS
 DURABILITY: tuple[str, ...] = tuple(DURABILITY_MODES)
+WIRE_ENCODINGS: tuple[str, ...] = tuple(_WIRE_ENCODINGS)
 BACKENDS: tuple[str, ...] = BACKEND_CHOICES
 MAX_TEMPLATES = len(FAMILIES) * TEMPLATES_PER_FAMILY
 #: ``[execution] cluster`` and ``--cluster``: local:N or a scheduler's address.
@@ -45,10 +48,25 @@ INT_LIMITS: dict[str, tuple[int, int]] = {
     "units": (MIN_UNITS, MAX_UNITS),
 }
 
-__all__ = ["BACKENDS", "CLUSTER_ALLOWED", "CLUSTER_SPEC", "CONNECTIONS", "DURABILITY",
-           "INT_LIMITS", "MAX_TEMPLATES", "RHOS", "TIERS", "allowed_policies", "network_names",
-           "normal_spec", "policy_allowed", "policy_exists", "policy_needs_central",
-           "policy_problem"]
+__all__ = [
+    "BACKENDS",
+    "CLUSTER_ALLOWED",
+    "CLUSTER_SPEC",
+    "CONNECTIONS",
+    "DURABILITY",
+    "INT_LIMITS",
+    "MAX_TEMPLATES",
+    "RHOS",
+    "TIERS",
+    "WIRE_ENCODINGS",
+    "allowed_policies",
+    "network_names",
+    "normal_spec",
+    "policy_allowed",
+    "policy_exists",
+    "policy_needs_central",
+    "policy_problem",
+]
 
 
 def network_names() -> tuple[str, ...]:

@@ -131,6 +131,28 @@ def _lanes_args(b: argparse.ArgumentParser) -> None:
                    help="one emulator for every lane (default) or one per lane")
 
 
+def _cluster(args: argparse.Namespace, out: Console, json_path: Path | None) -> Any:
+    require_root("bench cluster")
+    from testbed.tools.bench_cluster import bench_cluster
+
+    result = bench_cluster(json_path, out, workers=args.workers, lanes=args.lanes,
+                           templates=args.templates, units=args.units,
+                           keep=Path(args.keep) if args.keep else None)
+    return _unless_written(json_path, result)
+
+
+def _cluster_args(b: argparse.ArgumentParser) -> None:
+    b.add_argument("--workers", type=counts, default=(1, 2, 4), metavar="N,N",
+                   help="worker hosts per run (default 1,2,4)")
+    b.add_argument("--lanes", type=positive_int, default=1, metavar="N",
+                   help="lanes per worker, and of the local run (default 1)")
+    b.add_argument("--templates", type=positive_int, default=8, metavar="N",
+                   help="templates, so units, of the campaign (default 8)")
+    b.add_argument("--units", type=positive_int, default=12, metavar="N",
+                   help="actions per episode (default 12)")
+    b.add_argument("--keep", metavar="DIR", help="keep the runs and logs in DIR")
+
+
 def _transfer(args: argparse.Namespace, out: Console, json_path: Path | None) -> Any:
     import trio
 
@@ -239,6 +261,8 @@ BENCHES: tuple[Bench, ...] = (
     Bench("limits", "the primary grid's peak connections, objects and installs against the "
                     "node limits", _limits, _limits_args),
     Bench("lanes", "AT&T episodes at 1-16 lanes and on a LocalCluster", _lanes, _lanes_args),
+    Bench("cluster", "a campaign on a scheduler and 1, 2, 4 worker hosts (network namespaces "
+                     "on one bridge, TLS) against a local run", _cluster, _cluster_args),
     Bench("exec", "testbed exec: from the call to the command's first instruction, and from "
                   "its exit to everything removed (2 and 8 hosts)", _exec, _exec_args),
     Bench("calibrate", "how fast this machine moves full-size datagrams over an unshaped "

@@ -8,7 +8,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from testbed.cli.cluster import access_from, add_access_args
 from testbed.cli.common import (
+    ARGV,
     DEFAULT_RESULTS,
     EXIT_UNITS_FAILED,
     check_namespaces,
@@ -19,7 +21,7 @@ from testbed.cli.common import (
     require_namespaces,
 )
 from testbed.cli.precision import add_precision_arguments
-from testbed.errors import UserError
+from testbed.errors import HostError, UserError
 
 
 def _load(args: argparse.Namespace) -> Any:
@@ -129,18 +131,28 @@ def _execute(args: argparse.Namespace, campaign: Any, out: Path, attempts: Any, 
         for item in clean_dead_runs(run_state_dir()):
             out_console.print(f"removed {item} (left by an interrupted run)")
 
+    access = access_from(args)
+
     async def main(ledger: Ledger) -> RunSummary:
         from testbed.run.dask_engine import open_dask_engine
 
         async with open_dask_engine(cluster, backend=args.backend, workdir=workdir,
-                                    allow_mixed_backends=mixed) as engine:
+                                    allow_mixed_backends=mixed, access=access,
+                                    say=lambda line: out_console.print(
+                                        line, markup=False)) as engine:
             await engine.survey(campaign)
             return await run_campaign(campaign, out, resume=resume, extend=extend,
                                       engine=engine, console=out_console, attempts=attempts,
                                       allow_dirty=args.allow_dirty)
 
-    with contained_ledger(label) as (ledger, left):
-        summary = trio.run(main, ledger)
+    from testbed.run.dask_engine import SchedulerLost
+    from testbed.run.resume import scheduler_lost_line
+
+    try:
+        with contained_ledger(label) as (ledger, left):
+            summary = trio.run(main, ledger)
+    except SchedulerLost as exc:
+        raise HostError(scheduler_lost_line(exc, campaign, Path(out), ARGV)) from None
     return dataclasses.replace(summary, left=tuple(left))
 
 
@@ -224,8 +236,9 @@ def register(sub: Any) -> None:
                         "a loopback cell holds the whole host (docs/campaigns.md)")
     p.add_argument("--cluster", metavar="SPEC", type=cluster_spec,
                    help="run the work units on a dask cluster: local:N (N worker "
-                        "processes here) or tcp://HOST:PORT of a scheduler with `testbed "
+                        "processes here) or tls://HOST:PORT of a scheduler with `testbed "
                         "worker`s (default: the campaign's [execution] cluster, else here)")
+    add_access_args(p)
     p.add_argument("--allow-dirty", action="store_true",
                    help="write into the repository's results/ from a checkout with "
                         "uncommitted changes (refused otherwise; the manifest records it)")

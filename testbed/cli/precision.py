@@ -96,12 +96,13 @@ def cmd_spread(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    from testbed.report.spread import SPREAD_TABLE
-
+    # the shipped table's path, without importing testbed.report.spread (numpy) for every
+    # command: `testbed exec` on a fixed network loads no heavy module (test_exec)
+    spread_table = Path(__file__).resolve().parents[1] / "report" / "spread.json"
     p = sub.add_parser("spread", help="measure the per-episode spread of runs (what "
                                       "`testbed check` sizes campaigns from)")
     p.add_argument("dirs", nargs="+", metavar="DIR", help="run directories")
-    p.add_argument("--write", metavar="FILE", nargs="?", const=str(SPREAD_TABLE),
+    p.add_argument("--write", metavar="FILE", nargs="?", const=str(spread_table),
                    help=f"merge the measurements into FILE (default: the shipped table "
-                        f"{SPREAD_TABLE.name})")
+                        f"{spread_table.name})")
     p.set_defaults(func=cmd_spread)

@@ -232,6 +232,39 @@ def sysctl_path(key: str) -> Path:
     return Path("/proc/sys") / key.replace(".", "/")
 
 
+HOST_NETNS_ENV = "TESTBED_HOST_NETNS"
+"""Names the machine's own network namespace (a handle in /var/run/netns) for a process
+that runs in another one: `testbed bench cluster` sets it for its lab hosts' workers."""
+
+
+def write_root_sysctl(key: str, value: str) -> None:
+    """Write a host-wide sysctl that only the machine's own network namespace may change
+    (``net.ipv4.tcp_allowed_congestion_control``; elsewhere the kernel shows it
+    read-only, EACCES). A process started in another namespace with ``HOST_NETNS_ENV``
+    writes it from the namespace that names."""
+    path = sysctl_path(key)
+    host = os.environ.get(HOST_NETNS_ENV)
+    if host and not _in_netns(host):
+        run_in_netns(host, lambda: path.write_text(value))
+    else:
+        path.write_text(value)
+
+
+def _in_netns(name: str) -> bool:
+    try:
+        return os.stat("/proc/self/ns/net").st_ino == os.stat(NETNS_DIR / name).st_ino
+    except OSError:
+        return False
+
+
+def attach_netns(name: str) -> None:
+    """Name this process's network namespace NAME (/var/run/netns/NAME, as `ip netns
+    attach` does); `remove_netns` removes the name, not the namespace."""
+    if name in pr_netns.listnetns():
+        raise KernelError(errno.EEXIST, f"attach netns {name}")
+    kernel_call(f"attach netns {name}", lambda: pr_netns.attach(name, os.getpid()))
+
+
 def set_sysctl(netns: str, key: str, value: str) -> None:
     """Write a per-namespace sysctl, e.g. ("net.ipv4.tcp_congestion_control", "cubic")."""
     path = sysctl_path(key)

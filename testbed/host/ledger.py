@@ -48,6 +48,7 @@ from testbed.host.kernel import (
     remove_link,
     remove_netns,
     sysctl_path,
+    write_root_sysctl,
 )
 from testbed.host.processes import is_running, process_start_ticks, same_process, stop_process
 from testbed.host.userns import in_user_namespace, outer_uid
@@ -160,7 +161,7 @@ def hold_root_sysctl_word(ledger: Ledger, key: str, word: str) -> None:
         ledger.record_shared_sysctl(key)
         if value != current:
             try:
-                sysctl_path(key).write_text(value)
+                write_root_sysctl(key, value)
             except OSError as exc:
                 raise KernelError(exc.errno or errno.EIO, f"sysctl {key}={value}") from exc
 
@@ -186,7 +187,7 @@ def restore_root_sysctl(key: str, previous: str, value: str) -> bool:
     if path.read_text().split() != value.split():
         return False
     try:
-        path.write_text(previous)
+        write_root_sysctl(key, previous)
     except OSError as exc:
         raise KernelError(exc.errno or errno.EIO, f"restore sysctl {key}") from exc
     return True

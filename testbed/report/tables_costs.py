@@ -20,6 +20,8 @@ from testbed.report.tabular import Cell, Table, fmt, pct
 BATCH_POLICIES = ("metadata_sync", "centralized_lineage", "per_key_all_key",
                   "batched_all_key", "planfence")
 ARTIFACT_MEAN_BYTES = sum(ARTIFACT_BYTES) / 2
+CONNECTION_LABELS = {"fresh": "new per RPC", "reuse": "persistent",
+                     "reuse_warm": "persistent, pre-warmed"}
 
 
 def _median(frame: pd.DataFrame, column: str) -> float:
@@ -52,11 +54,11 @@ def batch_tables(run: Run, options: Options) -> list[Table]:
             pf, bk = medians.get("planfence"), medians.get("batched_all_key")
             reduction = (1 - pf / bk) if pf is not None and bk else float("nan")
             if pd.notna(reduction):
-                reductions[str(connection)].append(reduction)
+                reductions.setdefault(str(connection), []).append(reduction)
             available = int(part["available"].sum())
             scheduled = int(part["scheduled"].sum())
-            rows.append([Cell(str(batch)), Cell("new per RPC" if connection == "fresh"
-                                                 else "persistent"),
+            rows.append([Cell(str(batch)), Cell(CONNECTION_LABELS.get(str(connection),
+                                                                      str(connection))),
                          *[Cell(fmt(medians[p])) for p in policies], Cell(pct(reduction)),
                          Cell(f"{available}/{scheduled}")])
             records.append({"batch": batch, "connection": connection,
@@ -266,7 +268,7 @@ def cost_tables(run: Run, options: Options) -> list[Table]:
             continue
         by = {(r.policy, r.connection): r for r in found}
         findings = [_pair_finding(c, by[("planfence", c)], by[("batched_all_key", c)])
-                    for c in ("fresh", "reuse")
+                    for c in ("fresh", "reuse", "reuse_warm")
                     if ("planfence", c) in by and ("batched_all_key", c) in by]
         tables.append(layout(run, frame, [r.record() for r in found],
             name=f"table_e1_{network}",

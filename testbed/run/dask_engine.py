@@ -2,8 +2,10 @@
 
 Rules (the engine side; the worker side is ``testbed.run.remote``):
 
-1. ``open_dask_engine("local:N" | "tcp://HOST:PORT")`` starts a LocalCluster of N
-   worker processes (one lane each) or connects to a running scheduler. Every worker
+1. ``open_dask_engine("local:N" | "tls://HOST:PORT")`` starts a LocalCluster of N
+   worker processes (one lane each, everything on 127.0.0.1, no dashboard) or connects
+   to a running scheduler, with mutual TLS where certificates are given and plain tcp
+   beyond loopback only if allowed (``testbed.run.cluster_security``). Every worker
    declares ``lanes`` resources (``testbed worker --lanes N``); each unit asks for one
    lane, so a host runs at most its lanes' worth of units at once.
 2. Before anything runs, every worker's summary (host, kernel, which backends work,
@@ -21,28 +23,41 @@ Rules (the engine side; the worker side is ``testbed.run.remote``):
    sent (their stall is CPU time); emulated-link units fill every lane.
 5. Cancelling (Ctrl-C) sets the run's cancel event, cancels the futures and waits for
    the workers' running units to tear their topologies down.
+6. Losing the scheduler (its futures cancelled under us) raises :class:`SchedulerLost`
+   once, with no traceback: what finished is committed, the run directory is
+   consistent, and ``testbed run`` says how to ``--resume``.
+7. Every unit a lost worker took with it is said in one line (``say``) and recorded in
+   the engine's description (``recoveries``), which the manifest's session keeps
+   (``testbed.run.recovery``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
 import secrets
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import dask
 import trio
 from distributed import Client, Event, LocalCluster, as_completed
+from distributed.client import FutureCancelledError
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.scheduler import KilledWorker
 
 from testbed.campaign.model import Campaign
 from testbed.errors import HostError, RunFailure, UserError
+from testbed.run.cluster_security import LOOPBACK, ClusterAccess, check_peer, split_address
 from testbed.run.engines import OnFailure, OnOutcome, OnStart
 from testbed.run.failures import UnitFailure, failure_reason, format_trace, unit_reason
+from testbed.run.recovery import STARTED_TOPIC, RecoveryLog
+from testbed.run.recovery import TOPIC as RECOVERY_TOPIC
 from testbed.run.remote import (
     UnitReport,
     UnitTask,
@@ -61,19 +76,33 @@ WORKER_WAIT_S = 60.0
 
 
 def parse_cluster(spec: str) -> tuple[str, int | str]:
-    """``local:N`` -> ("local", N); ``tcp://HOST:PORT`` -> ("scheduler", address)."""
+    """``local:N`` -> ("local", N); ``tls://HOST:PORT`` -> ("scheduler", address)."""
     if spec.startswith("local:"):
         count = spec.removeprefix("local:")
         if count.isdigit() and int(count) >= 1:
             return "local", int(count)
-    elif spec.startswith(("tcp://", "tls://")) and ":" in spec.split("://", 1)[1]:
-        return "scheduler", spec
+    elif spec.startswith(("tcp://", "tls://")):
+        try:
+            split_address(spec)
+        except UserError:
+            pass
+        else:
+            return "scheduler", spec
     raise UserError(f"cluster: {spec!r} is not allowed; allowed: local:N (N >= 1) or "
-                    "tcp://HOST:PORT of a dask scheduler")
+                    "tls://HOST:PORT (tcp://HOST:PORT) of a dask scheduler")
 
 
 class WorkerLostError(RunFailure):
     """The cluster gave up on a unit (its workers died); its episodes are aborted."""
+
+
+class SchedulerLost(HostError):
+    """The connection to the scheduler broke mid-run (rule 6)."""
+
+    def __init__(self, scheduler: str, reason: str) -> None:
+        super().__init__(f"cluster: lost the scheduler at {scheduler} ({reason})")
+        self.scheduler = scheduler
+        self.reason = reason
 
 
 class DaskEngine:
@@ -82,7 +111,8 @@ class DaskEngine:
     per_template = True
 
     def __init__(self, client: Any, *, cluster: str, backend: str | None,
-                 workdir: Path | None, allow_mixed_backends: bool = False) -> None:
+                 workdir: Path | None, allow_mixed_backends: bool = False,
+                 say: Callable[[str], None] = lambda line: None) -> None:
         self.client = client
         self.cluster = cluster
         self.backend = backend
@@ -90,11 +120,16 @@ class DaskEngine:
         self.allow_mixed_backends = allow_mixed_backends
         self.token = secrets.token_hex(4)
         self.workers: dict[str, Any] = {}
+        self.scheduler_address = str(client.scheduler.address)
+        self.lost: SchedulerLost | None = None
+        self.recovery = RecoveryLog(self.token, say)
+        self.say = say
 
     def describe(self) -> dict[str, Any]:
         return {"engine": "dask", "cluster": self.cluster,
-                "scheduler": self.client.scheduler.address, "workers": self.workers,
-                "allow_mixed_backends": self.allow_mixed_backends}
+                "scheduler": self.scheduler_address, "workers": self.workers,
+                "allow_mixed_backends": self.allow_mixed_backends,
+                "recovery": self.recovery.summary(), "recoveries": self.recovery.records}
 
     async def survey(self, campaign: Campaign) -> None:
         """Collect every worker's summary and refuse a mix of backends (rule 2)."""
@@ -140,6 +175,11 @@ class DaskEngine:
                           unit.plans)
                  for i, unit in enumerate(units)]
         paired = list(zip(units, tasks, strict=True))
+        self.recovery.watch(units, self.workers)  # rule 7
+        await trio.to_thread.run_sync(self.client.subscribe_topic, STARTED_TOPIC,
+                                      self.recovery.on_started)
+        await trio.to_thread.run_sync(self.client.subscribe_topic, RECOVERY_TOPIC,
+                                      self.recovery.on_event)
         try:
             for unit, task in [p for p in paired if p[0].unshaped]:
                 await self._batch([(unit, task)], on_start, on_outcome, on_failure)
@@ -148,6 +188,10 @@ class DaskEngine:
         finally:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(self._cancel_all)
+                await trio.to_thread.run_sync(self._catch_up)
+            line = self.recovery.summary_line()
+            if line is not None:
+                self.say(line)
 
     async def _batch(self, batch: Sequence[tuple[WorkUnit, UnitTask]], on_start: OnStart,
                      on_outcome: OnOutcome, on_failure: OnFailure | None) -> None:
@@ -167,21 +211,34 @@ class DaskEngine:
             for future in as_completed(futures):
                 trio.from_thread.run_sync(send.send_nowait, future, trio_token=token)
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(trio.to_thread.run_sync, wait_all)
-            for _ in futures:
-                future = await receive.receive()
-                report = await trio.to_thread.run_sync(self._report, future,
-                                                       by_key[future.key])
-                for outcome in report.outcomes:
-                    on_outcome(outcome)
-                for failure in report.failures:
-                    if on_failure is not None:
-                        on_failure(failure)
+        try:
+            async with trio.open_nursery() as nursery:
+                # abandoned on cancel: a lost scheduler may never finish every future
+                nursery.start_soon(partial(trio.to_thread.run_sync, wait_all,
+                                           abandon_on_cancel=True))
+                for _ in futures:
+                    future = await receive.receive()
+                    report = await trio.to_thread.run_sync(self._report, future,
+                                                           by_key[future.key])
+                    for outcome in report.outcomes:
+                        on_outcome(outcome)
+                    for failure in report.failures:
+                        if on_failure is not None:
+                            on_failure(failure)
+        except BaseExceptionGroup:
+            if self.lost is not None:  # one error, not a group of its consequences
+                raise self.lost from None
+            raise
 
     def _report(self, future: Any, unit: WorkUnit) -> UnitReport:
         try:
             result: UnitReport = future.result()
+        except FutureCancelledError as exc:
+            if self.client.status == "running" and "connection-lost" not in str(exc):
+                raise  # cancelled by us (rule 5)
+            self.lost = SchedulerLost(self.scheduler_address,
+                                      "its connection broke; dask cancelled the running units")
+            raise self.lost from None
         except KilledWorker as exc:
             reason = f"worker_lost: the cluster gave up on this unit ({exc})"
             return UnitReport(_aborted(unit, reason), [])
@@ -193,9 +250,25 @@ class DaskEngine:
                                                     trace=format_trace(exc))])
         return result
 
+    def _catch_up(self) -> None:
+        if self.lost is not None or self.client.status != "running":
+            return
+        try:
+            self.client.unsubscribe_topic(STARTED_TOPIC)
+            self.client.unsubscribe_topic(RECOVERY_TOPIC)
+            self.recovery.catch_up(self.client.get_events(STARTED_TOPIC),
+                                   self.client.get_events(RECOVERY_TOPIC))
+        except (OSError, TimeoutError):
+            pass  # the scheduler went away at the end: what arrived is recorded
+
     def _cancel_all(self) -> None:
-        Event(cancel_event_name(self.token), client=self.client).set()
+        if self.lost is not None or self.client.status != "running":
+            return  # no scheduler to tell; the workers lost it too and stop their units
         deadline = time.monotonic() + CANCEL_WAIT_S
+        try:
+            Event(cancel_event_name(self.token), client=self.client).set()
+        except (OSError, TimeoutError):  # CommClosedError is an OSError
+            return
         while time.monotonic() < deadline:
             try:
                 busy = sum(self.client.run(running_units).values())
@@ -230,6 +303,17 @@ class CleanDeadRuns(WorkerPlugin):  # type: ignore[misc]
         off_loop(_clean_dead_runs)
 
 
+@contextlib.contextmanager
+def _silenced(name: str) -> Iterator[None]:
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def _register_cleanup(client: Any) -> None:
     client.register_plugin(CleanDeadRuns(), name=CleanDeadRuns.name)
 
@@ -237,34 +321,53 @@ def _register_cleanup(client: Any) -> None:
 @asynccontextmanager
 async def open_dask_engine(cluster: str, *, backend: str | None = None,
                            workdir: Path | None = None, allow_mixed_backends: bool = False,
+                           access: ClusterAccess | None = None,
+                           say: Callable[[str], None] | None = None,
                            ) -> AsyncIterator[DaskEngine]:
-    """Start (``local:N``) or join (``tcp://...``) a cluster; close what we started."""
+    """Start (``local:N``) or join (``tls://...``) a cluster; close what we started."""
     kind, value = parse_cluster(cluster)
+    access = access or ClusterAccess()
+    if kind == "scheduler":
+        for line in check_peer(str(value), access, what="cluster"):
+            if say is not None:
+                say(line)
     local: Any = None
 
     def connect() -> Any:
         nonlocal local
+        security = access.security()
         if kind == "local":
             with dask.config.set({"distributed.scheduler.allowed-failures": 1}):
                 local = LocalCluster(n_workers=int(value), threads_per_worker=1,
                                      processes=True, resources={"lanes": 1},
-                                     dashboard_address=":0", host="127.0.0.1")
-            return Client(local)
+                                     host=LOOPBACK, dashboard_address=f"{LOOPBACK}:0",
+                                     scheduler_kwargs={"dashboard": False},
+                                     security=security, protocol=access.protocol())
+            return Client(local, security=security)
         try:
-            return Client(str(value), timeout=CONNECT_TIMEOUT_S)
-        except OSError as exc:
+            return Client(str(value), timeout=CONNECT_TIMEOUT_S, security=security)
+        except (OSError, TimeoutError) as exc:
             raise HostError(f"cluster: cannot reach the scheduler at {value} ({exc}); "
-                            "start one with `dask scheduler`") from None
+                            "start one with `testbed scheduler` (with the same TLS "
+                            "certificates' CA)") from None
 
     client = await trio.to_thread.run_sync(connect)
+    engine: DaskEngine | None = None
     try:
         await trio.to_thread.run_sync(_register_cleanup, client)
-        yield DaskEngine(client, cluster=cluster, backend=backend, workdir=workdir,
-                         allow_mixed_backends=allow_mixed_backends)
+        engine = DaskEngine(client, cluster=cluster, backend=backend, workdir=workdir,
+                            allow_mixed_backends=allow_mixed_backends,
+                            say=say or (lambda line: None))
+        yield engine
     finally:
         with trio.CancelScope(shield=True):
             def close() -> None:
-                client.close()
+                # closing a client that lost its scheduler cancels its reconnect loop,
+                # which dask logs as an error with a traceback: the run says it in one
+                # line instead (rule 6)
+                quiet = engine is not None and engine.lost is not None
+                with _silenced("distributed.client") if quiet else contextlib.nullcontext():
+                    client.close()
                 if local is not None:
                     local.close()
 

@@ -3,7 +3,7 @@
 Rules this module obeys:
 
 1. Each node process measures its own scheduling delay over the episode's events, from
-   the end of its setup (``testbed/run/prepare.py`` rule 4) to its last event
+   the end of its setup (``testbed/run/prepare.py`` rule 5) to its last event
    (``nodes/sched_probe.py``: run-queue wait from schedstat, timer oversleep from a
    sampling thread); the controller asks for it once, after the last event (control op
    ``sched``, never on the action path). The controller reads the host's CPU

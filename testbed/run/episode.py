@@ -351,6 +351,7 @@ class EpisodeRunner:
                                      congestion_control=topo.socket_congestion_control,
                                      startup_timeout_s=self.startup_timeout_s,
                                      plugins=self.campaign.plugins,
+                                     wire_encoding=options.wire_encoding,
                                      ) as team:
                     group = TeamGroup(topo, team, self.campaign,
                                       link_log_dir=self.link_log_dir)

@@ -198,7 +198,8 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
         else:
             sessions = run_dir.read_manifest().get("sessions", [])
             if sessions:
-                sessions[-1] = {**sessions[-1], "ended_at": _now(), "status": status}
+                sessions[-1] = {**sessions[-1], "ended_at": _now(), "status": status,
+                                "execution": engine.describe()}  # with what happened in it
             run_dir.update_manifest(sessions=sessions, status=status, ended_at=_now())
             if run_dir.completed():
                 run_dir.consolidate()

@@ -7,9 +7,12 @@ Rules:
    signed in another episode is accepted in this one.
 2. Every key is seeded at its owner, all at once; the traffic this takes is the
    episode's ``setup`` phase (``testbed.run.accounting`` rule 2).
-3. The link traces restart last, so the first event of the episode meets the start of
+3. With the ``reuse_warm`` connection setting every agent opens its pooled connection
+   to every other member (owners and the central service) after the reset and before
+   seeding, so no measured operation opens one; that traffic is ``setup``.
+4. The link traces restart last, so the first event of the episode meets the start of
    the trace (offsets included) whatever the setup took.
-4. Just before that every node starts a new scheduling-delay window (control op
+5. Just before that every node starts a new scheduling-delay window (control op
    ``sched`` with ``restart``), so the seeding's own contention (every owner seeds at
    once) is not read as disturbance (``testbed/run/disturbance.py``).
 """
@@ -31,6 +34,10 @@ async def start_episode(team: Team, topo: Topology, cell: Cell, schedule: Schedu
     await team.reset_all(policy=cell.policy, connection=cell.connection,
                          owners=schedule.owners,
                          episode=episode_key(cell, schedule.template))
+    if cell.connection == "reuse_warm":
+        async with trio.open_nursery() as nursery:
+            for agent in team.agents:
+                nursery.start_soon(lambda a: team.call(a, "warm"), agent)
 
     async def seed_key(seed: Seed) -> None:
         await team.call(seed.owner, "seed", key=seed.key, content=seed.content,

@@ -159,6 +159,7 @@ class Team:
     congestion_control: str | None = None  # set per socket by the nodes (rootless runs)
     limits: dict[str, Any] = field(default_factory=dict)
     ledger: Ledger | None = None
+    wire_encoding: str = "msgpack"  # records and head entries on the wire (protocols.records)
     #: How long a node may take to open its control socket (testbed.run.startup).
     startup_timeout_s: float = STARTUP_FLOOR_S
     roster: Roster = field(init=False)
@@ -344,7 +345,7 @@ class Team:
                 "roster": self.roster.to_wire(), "connection": self.connection,
                 "policy": self.policy, "rpc_timeout_s": self.rpc_timeout_s,
                 "durability": self.durability, "store_path": str(node.store_path),
-                "limits": dict(self.limits),
+                "limits": dict(self.limits), "wire_encoding": self.wire_encoding,
                 **({"congestion_control": self.congestion_control}
                    if self.congestion_control else {})}
 
@@ -437,7 +438,8 @@ async def open_team(*, agents: Sequence[str], central: bool,
                     congestion_control: str | None = None,
                     limits: Mapping[str, Any] | None = None,
                     ledger: Ledger | None = None,
-                    startup_timeout_s: float | None = None) -> AsyncIterator[Team]:
+                    startup_timeout_s: float | None = None,
+                    wire_encoding: str = "msgpack") -> AsyncIterator[Team]:
     """Start and configure a team of node processes; stop them all on exit.
 
     ``hosts[agent] = (netns or None, bind address)``, also for ``central`` if used.
@@ -462,7 +464,7 @@ async def open_team(*, agents: Sequence[str], central: bool,
             raise ValueError(f"hosts: no entry for {name!r}")
     team = Team(list(agents), central, campaign_seed, connection, policy, durability,
                 float(rpc_timeout_s), dict(owners or key_owners(agents, 8)), tuple(probes),
-                tuple(plugins), congestion_control, dict(limits or {}), ledger)
+                tuple(plugins), congestion_control, dict(limits or {}), ledger, wire_encoding)
     workdir = Path(workdir)
     _make_dirs(workdir / "logs", workdir / "stores")
     # Short: Unix socket paths are < 108 bytes.

@@ -55,6 +55,8 @@ async def net() -> AsyncIterator[Net]:
 
     async def handler(peer: str, method: str, params: dict[str, Any]) -> Any:
         n = state[0]
+        if method == "ping":  # what nodes.rpc answers; RpcClient.warm sends it
+            return {}
         if method == "echo":
             return {"peer": peer, "params": params}
         if method == "fail":
@@ -485,3 +487,24 @@ async def test_server_limits_cut_off_silent_and_flooding_peers() -> None:
         await silent.aclose()
         await stream.aclose()
         nursery.cancel_scope.cancel()
+
+
+async def test_reuse_warm_opens_the_pool_before_any_call(net: Net) -> None:
+    counters = Counters()
+    async with open_rpc_client(identity=net.team["agent-0"], roster=net.roster,
+                               connection="reuse_warm", counters=counters) as client:
+        assert await client.warm([SERVER]) == 1
+        # hello + one request: the server sees an authenticated frame at once
+        assert counters.frames_sent == 2
+        assert await client.warm([SERVER]) == 0  # the pool already holds it
+        assert counters.connections_opened == 1
+        opened = counters.connections_opened
+        for _ in range(3):
+            await client.call(SERVER, "echo", {})
+        assert counters.connections_opened == opened  # calls reuse the warmed one
+        with pytest.raises(LocalProtocolError, match="peer_id"):
+            await client.warm(["nobody"])
+    async with open_rpc_client(identity=net.team["agent-0"], roster=net.roster,
+                               connection="fresh", counters=Counters()) as client:
+        with pytest.raises(LocalProtocolError, match="no pool"):
+            await client.warm([SERVER])

@@ -252,3 +252,11 @@ def test_traces_show_takes_a_file_path(tmp_path: Path) -> None:
     proc = _run("traces", "show", "plain.txt", "--direction", "down", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "12.000 Mbit/s" in proc.stdout
+
+
+def test_spread_write_defaults_to_the_shipped_table() -> None:
+    """The command line names the table without importing testbed.report.spread."""
+    from testbed.report.spread import SPREAD_TABLE
+
+    args = build_parser().parse_args(["spread", "somewhere", "--write"])
+    assert Path(args.write) == SPREAD_TABLE

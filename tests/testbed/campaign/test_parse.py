@@ -40,7 +40,7 @@ def test_presets_all_load_with_the_documented_sizes() -> None:
                      "density": 270, "reuse": 900, "teams": 72, "horizon": 27,
                      "replanning": 1560, "handoff": 270, "batches": 600, "artifact": 320,
                      "budget": 1020, "live": 90, "live_fresh_before": 90,
-                     "live_overlap": 36}
+                     "live_overlap": 36, "selector": 1134}
 
 
 def test_demo_preset_matches_the_issue() -> None:
@@ -66,7 +66,7 @@ def test_load_by_path_equals_parse(tmp_path: Path) -> None:
     ("nosuch", "campaign: 'nosuch' is neither a file nor a preset; presets: artifact, "
                "batches, budget, demo, density, handoff, horizon, live, "
                "live_fresh_before, live_overlap, primary, rates, replanning, reuse, "
-               "scope, teams"),
+               "scope, selector, teams"),
     ("missing/x.toml", "campaign: 'missing/x.toml' is not a file (no such file); presets: "
                        "artifact,"),
 ])
@@ -79,7 +79,7 @@ def test_unknown_campaign_lists_presets(arg: str, message: str) -> None:
 # --- validation: one line naming the field and the allowed values ------------------------
 
 _BAD = [
-    ("rho = [3]", "grid.rho: 3 is not allowed; allowed: 0.25, 1, 4, 16"),
+    ("rho = [3]", "grid.rho: 3 is not allowed; allowed: 0.25, 0.5, 1, 2, 4, 8, 16"),
     ("rho = [4, 4]", "grid.rho: 4 is listed twice; list each value once"),
     ("rho = []", "grid.rho: empty list; list at least one value"),
     ('network = ["mars"]', "grid.network: 'mars' is not allowed; allowed: "
@@ -126,6 +126,8 @@ def test_bad_grid_values(tmp_path: Path, line: str, message: str) -> None:
      "options.backend: 'kernel' is not allowed; allowed: auto, userspace, netem"),
     (BASE_TOML + "[options]\ndurability = 'none'\n",
      "options.durability: 'none' is not allowed; allowed: full, normal"),
+    (BASE_TOML + "[options]\nwire_encoding = 'xml'\n",
+     "options.wire_encoding: 'xml' is not allowed; allowed: msgpack, json"),
     (BASE_TOML + "[options]\nrpc_timeout_s = 0\n",
      "options.rpc_timeout_s: 0 is not allowed; allowed: a number > 0"),
     (BASE_TOML + "[options]\nretries = 2\n", "options: unknown field 'retries'; allowed: "
@@ -133,7 +135,8 @@ def test_bad_grid_values(tmp_path: Path, line: str, message: str) -> None:
                                             "episode_timeout_s"),
     ("owner = 'me'\n" + BASE_TOML, "campaign: unknown field 'owner'; allowed: name, seed,"),
     (BASE_TOML.replace("[grid]", "[[grid]]") + "[[grid]]\npolicy = ['planfence']\n"
-     "network = ['att']\nrho = [2]\n", "grid[1].rho: 2 is not allowed; allowed: 0.25, 1, 4, 16"),
+     "network = ['att']\nrho = [3]\n",
+     "grid[1].rho: 3 is not allowed; allowed: 0.25, 0.5, 1, 2, 4, 8, 16"),
     (BASE_TOML + "rho = [4\n", "campaign.toml: invalid TOML:"),
 ])
 def test_bad_campaign_files(tmp_path: Path, text: str, message: str) -> None:

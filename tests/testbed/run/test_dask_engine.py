@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import signal
 import socket
@@ -115,8 +116,10 @@ async def test_a_killed_worker_loses_and_duplicates_nothing(tmp_path: Path) -> N
     _needs_root()
     campaign = parse_campaign(SLOW)
     out = tmp_path / "out"
+    lines: list[str] = []
+    killed: list[str] = []
     with watch_runs() as runs:
-        async with open_dask_engine("local:2") as engine:
+        async with open_dask_engine("local:2", say=lines.append) as engine:
             await engine.survey(campaign)
             client = engine.client
             async with trio.open_nursery() as nursery:
@@ -125,11 +128,29 @@ async def test_a_killed_worker_loses_and_duplicates_nothing(tmp_path: Path) -> N
                     await trio.sleep(1.0)  # mid-unit: its topology is up, episodes running
                     pids = await trio.to_thread.run_sync(
                         lambda: client.run(os.getpid, workers=[address]))
+                    killed.append(address)
                     os.kill(int(pids[address]), signal.SIGKILL)
 
                 nursery.start_soon(kill_one)
                 await run_campaign(campaign, out, resume=False, console=_quiet(),
                                    engine=engine)
+    # the loss is said in one line and recorded in the manifest (attempt, worker, reason)
+    [address] = killed
+    lost = [line for line in lines if f"lost with worker {address}" in line]
+    assert len(lost) == 1, lines
+    assert "attempt 1: the worker died or its connection broke; it runs again (attempt 2 of 2)" \
+        in lost[0]
+    assert any(line.startswith("cluster: 1 unit attempt(s) lost with their workers: "
+                               "1 resubmitted, 0 given up") for line in lines), lines
+    execution = json.loads((out / "manifest.json").read_text())["sessions"][-1]["execution"]
+    assert execution["recovery"] == {"lost": 1, "resubmitted": 1, "given_up": 0}
+    [record] = execution["recoveries"]
+    assert record["worker"] == address
+    assert record["attempt"] == 1
+    assert record["then"] == "resubmitted"
+    assert record["reason"] == "the worker died or its connection broke"
+    assert record["episodes"]
+    assert set(record["episodes"]) <= {episode_key(c, t) for c, t in campaign.episodes()}
     episodes = pd.read_parquet(out / "episodes.parquet")
     keys = sorted(episode_key(c, t) for c, t in campaign.episodes())
     assert sorted(episodes["episode"]) == keys  # none lost, none duplicated
@@ -235,3 +256,26 @@ def test_the_cli_against_a_scheduler_started_by_hand(tmp_path: Path,
     episodes = pd.read_parquet(tmp_path / "out" / "episodes.parquet")
     assert len(episodes) == 8
     assert not episodes["aborted"].any()
+
+
+def test_a_unit_only_queued_on_a_lost_worker_is_not_a_lost_attempt() -> None:
+    from testbed.run.recovery import RecoveryLog
+
+    lines: list[str] = []
+    log = RecoveryLog("abcd", lines.append)
+    log.on_started((0.0, {"key": "testbed-unit-abcd-0", "attempt": 1, "worker": "tcp://w1"}))
+    log.on_started((0.0, {"key": "testbed-unit-abcd-1", "attempt": 1, "worker": "tcp://w2"}))
+    removed = {"action": "remove-worker", "worker": "tcp://w1", "expected": False,
+               "processing-tasks": ["testbed-unit-abcd-0", "testbed-unit-abcd-2",
+                                    "testbed-unit-other-0"]}
+    log.on_event((1.0, removed))
+    log.catch_up([], [(1.0, removed)])  # the same event again: recorded once
+    assert [(r["unit"], r["attempt"], r["then"]) for r in log.records] == [(0, 1, "resubmitted")]
+    assert len(lines) == 1
+    log.on_started((2.0, {"key": "testbed-unit-abcd-0", "attempt": 2, "worker": "tcp://w2"}))
+    log.on_event((3.0, {**removed, "worker": "tcp://w2", "expected": True,
+                        "processing-tasks": ["testbed-unit-abcd-0", "testbed-unit-abcd-1"]}))
+    assert [(r["unit"], r["attempt"], r["then"]) for r in log.records] == [
+        (0, 1, "resubmitted"), (0, 2, "given up"), (1, 1, "resubmitted")]
+    assert log.summary() == {"lost": 3, "resubmitted": 2, "given_up": 1}
+    assert "given up after 2 attempts" in lines[1]
