@@ -209,7 +209,7 @@ CASES: list[Case] = [
     bad_campaign("kind-unknown", campaign(top='kind = "study"'), "kind: 'study' is not allowed"),
     bad_campaign("grid-missing", 'name = "c"\nseed = 1\ntemplates = 1\n', "grid: missing"),
     bad_campaign("grid-rho", campaign(grid="rho = [3]"), "grid.rho: 3 is not allowed; allowed: "
-                 "0.25, 1, 4, 16"),
+                 "0.25, 0.5, 1, 2, 4, 8, 16"),
     bad_campaign("grid-rho-twice", campaign(grid="rho = [4, 4]"), "grid.rho: 4 is listed twice"),
     bad_campaign("grid-rho-empty", campaign(grid="rho = []"), "grid.rho: empty list"),
     bad_campaign("grid-rho-table", campaign(grid="rho = { a = 1 }"),
