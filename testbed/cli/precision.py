@@ -8,7 +8,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from testbed.cli.common import console
+from testbed.cli.common import console, positive_int
 from testbed.errors import UserError
 
 
@@ -19,13 +19,6 @@ def _non_negative_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not allowed; allowed: an integer >= 0")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    value = _non_negative_int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; allowed: an integer >= 1")
     return value
 
 
@@ -51,7 +44,7 @@ def comparison_spec(text: str) -> tuple[str, str]:
 
 def add_precision_arguments(p: argparse.ArgumentParser) -> None:
     """``run``'s options for repeats, reruns and growing a campaign until resolved."""
-    p.add_argument("--repeats", type=_positive_int, default=1, metavar="R",
+    p.add_argument("--repeats", type=positive_int, default=1, metavar="R",
                    help="run every episode R times with the same schedule (separate "
                         "attempts; the episode's cost is their median)")
     p.add_argument("--rerun-disturbed", type=_non_negative_int, default=0, metavar="N",
@@ -65,9 +58,9 @@ def add_precision_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compare", type=comparison_spec, action="append", default=[],
                    metavar="A:B", help="a comparison --until-resolved watches: policy A "
                                        "against policy B in every configuration (repeatable)")
-    p.add_argument("--max-templates", type=_positive_int, default=None, metavar="T",
+    p.add_argument("--max-templates", type=positive_int, default=None, metavar="T",
                    help="--until-resolved: at most T templates (default: all 30)")
-    p.add_argument("--max-repeats", type=_positive_int, default=1, metavar="R",
+    p.add_argument("--max-repeats", type=positive_int, default=1, metavar="R",
                    help="--until-resolved: at most R repeats per episode (default 1)")
 
 
@@ -96,9 +89,7 @@ def cmd_spread(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    # the shipped table's path, without importing testbed.report.spread (numpy) for every
-    # command: `testbed exec` on a fixed network loads no heavy module (test_exec)
-    spread_table = Path(__file__).resolve().parents[1] / "report" / "spread.json"
+    from testbed.report import SPREAD_TABLE as spread_table  # not .spread: numpy
     p = sub.add_parser("spread", help="measure the per-episode spread of runs (what "
                                       "`testbed check` sizes campaigns from)")
     p.add_argument("dirs", nargs="+", metavar="DIR", help="run directories")

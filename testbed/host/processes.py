@@ -9,23 +9,28 @@ import time
 from pathlib import Path
 
 
-def process_start_ticks(pid: int) -> int | None:
-    """Start time of PID in clock ticks (field 22 of /proc/PID/stat), None if gone."""
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (field 3 onward), None if
+    gone. The name is cut at its last ')' because it may hold spaces and parentheses."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
+    return stat.rsplit(")", 1)[1].split()
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """Start time of PID in clock ticks (field 22 of /proc/PID/stat), None if gone."""
+    fields = _stat_fields(pid)
+    return None if fields is None else int(fields[19])
 
 
 def cpu_seconds(pid: int) -> float | None:
     """CPU time PID has used, user and system, all threads (fields 14 and 15 of
     /proc/PID/stat), None if gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+    fields = _stat_fields(pid)
+    if fields is None:
         return None
-    fields = stat.rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 

@@ -6,3 +6,9 @@ rule), ``slicing`` (which slice a table shows), ``tabular`` (table model and wri
 ``tables`` and ``figures`` (the layouts), ``render`` (report.md/html), ``build``
 (``build_report``, the entry point). This package module imports none of them.
 """
+
+from pathlib import Path
+
+#: The shipped per-episode spread table (testbed.report.spread reads and writes it); here,
+#: so the command line names it without importing numpy.
+SPREAD_TABLE = Path(__file__).with_name("spread.json")

@@ -34,12 +34,12 @@ import numpy as np
 import pandas as pd
 
 from testbed.campaign.workload import round_robin_templates
+from testbed.report import SPREAD_TABLE as SPREAD_TABLE  # the shipped table, re-exported
 from testbed.report.load import Run, load_run
 from testbed.report.sizing import Curve, fit_curve, repeat_scale
 from testbed.report.stats import DEFAULT_DRAWS, Comparison, compare, cost_episodes, paired
 from testbed.results.schema import STRATUM_COLUMNS
 
-SPREAD_TABLE = Path(__file__).with_name("spread.json")
 METRIC = "stall_ms_per_action"
 MIN_PAIRS = 9
 MAX_RESOLUTION = 1.0
