@@ -203,15 +203,30 @@ def kernel_tbf_burst(rate_bytes_s: int, burst_bytes: int) -> int:
     return kernel_tbf_max_size(rate_bytes_s, pyroute2_buffer_ticks(rate_bytes_s, burst_bytes))
 
 
+CATCH_UP_MS = 1.0
+"""How late tbf's dequeue timer may fire before a backlogged link loses capacity.
+
+tbf caps its tokens at the bucket: with a bucket of exactly one frame, a queue waiting
+for the next frame's tokens sends it when the watchdog timer fires, and every
+microsecond the timer is late is capacity lost for good (the bucket could not hold the
+tokens that accrued meanwhile). A software-emulated guest fires it ~0.4 ms late: the
+VM lane's backlogged links carried 66-76% of 12 Mbit/s (a frame per ms) and 87-93% of
+3.3 Mbit/s (a frame per 3.6 ms), the same ~0.4 ms lost per frame. A bucket of one frame
+plus CATCH_UP_MS of the rate keeps those tokens, so the link catches up as mm-link's
+release loop does. The price: after idling, or at a rate change (which refills the
+bucket), that much more passes at once (docs/links.md)."""
+
+
 def tbf_burst_request(rate_bytes_s: int) -> int:
-    """The burst to ask for so that the kernel keeps one full frame or 1 ms of rate.
+    """The burst to ask for so that the kernel keeps one full frame plus CATCH_UP_MS of
+    the rate.
 
     Each truncation loses less than one unit: under 1 us, under one 64 ns tick, under
     one byte, so the kernel keeps more than ``burst - 1.064e-6 * rate - 1`` bytes;
     padding by ``ceil(1.064e-6 * rate)`` is enough (checked exactly, and padded more
     where float rounding would ever disagree).
     """
-    want = max(FRAME_BYTES, math.ceil(rate_bytes_s / 1000))
+    want = FRAME_BYTES + math.ceil(rate_bytes_s * CATCH_UP_MS / 1000)
     burst = want + math.ceil(rate_bytes_s * 1064 / 1_000_000_000)
     while kernel_tbf_burst(rate_bytes_s, burst) < want:
         burst += 1
@@ -236,7 +251,7 @@ def root_counters(qdiscs: Sequence[Any]) -> dict[str, int]:
 
 def tbf_params(rate_kbit: float, *, limit_bytes: int) -> dict[str, int]:
     """pyroute2 `tbf` arguments: rate in bytes/s, a burst that stays at least one full
-    frame or 1 ms of rate after the kernel's rounding (:func:`tbf_burst_request`)."""
+    frame plus CATCH_UP_MS of rate after the kernel's rounding (:func:`tbf_burst_request`)."""
     effective_kbit = max(rate_kbit, ZERO_RATE_FLOOR_KBIT)
     rate_bytes_s = max(1, round(effective_kbit * 1000 / 8))
     burst = tbf_burst_request(rate_bytes_s)

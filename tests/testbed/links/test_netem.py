@@ -130,11 +130,13 @@ def test_compiler_rejects_bad_arguments(kwargs: dict[str, float], field: str) ->
 
 def test_tbf_params() -> None:
     p = tbf_params(12_000, limit_bytes=1_500_000)
-    # a burst of one full frame (1514 bytes) as the kernel keeps it (test_tbf_burst.py)
+    # a bucket of one full frame (1514 bytes) and 1 ms of the rate (1500 bytes) as the
+    # kernel keeps it (test_tbf_burst.py): a dequeue timer 1 ms late loses nothing
     assert (p["rate"], p["limit"]) == (1_500_000, 1_500_000)
-    assert kernel_tbf_burst(p["rate"], p["burst"]) == 1514
-    p16 = tbf_params(16_000, limit_bytes=3000)  # 1 ms of rate beats one frame
-    assert 2000 <= kernel_tbf_burst(p16["rate"], p16["burst"]) <= p16["burst"] <= 2003
+    assert kernel_tbf_burst(p["rate"], p["burst"]) == 3014
+    p16 = tbf_params(16_000, limit_bytes=3000)  # the byte limit never below the bucket
+    assert 3514 <= kernel_tbf_burst(p16["rate"], p16["burst"]) <= p16["burst"] <= 3517
+    assert p16["limit"] == p16["burst"]
     zero = tbf_params(0.0, limit_bytes=100)
     assert zero["rate"] == ZERO_RATE_FLOOR_KBIT * 1000 / 8
     assert zero["limit"] >= zero["burst"]

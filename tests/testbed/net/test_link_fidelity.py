@@ -215,20 +215,16 @@ async def test_the_probe_counts_its_own_receive_drops_apart_from_the_link() -> N
     assert got.loss_runs() == []  # every missing datagram was the receiver's
 
 
-ASYM_BACKENDS = ["userspace", pytest.param("netem", marks=[pytest.mark.netem, pytest.mark.xfail(
-    reason="open (issue 27): in the VM lane at host load 2-4 the netem backend carried "
-           "2862-3025 kbit/s on a per-host 3333.3 kbit/s uplink offered 3.6x its capacity, "
-           "4 attempts, below the 95% floor while the guest moved 15-24 Mbit/s unshaped; "
-           "systematic, not starvation: a queue bound or a shaper overhead is suspected",
-    strict=False)])]
-
-
-@pytest.mark.parametrize("backend", ASYM_BACKENDS)
+@pytest.mark.parametrize("backend", BACKENDS)
 async def test_a_per_host_link_makes_the_directions_asymmetric(backend: str) -> None:
     common = LinkSpec(rate_kbit=24_000, delay_ms=1.0, queue_packets=5000)
     slow_up = LinkSpec(up_rate_kbit=3333.3, down_rate_kbit=24_000, delay_ms=1.0,
                        queue_packets=5000)
     profile = NetworkProfile("asym", common, hosts=(("0", slow_up),))
+    # each direction's check, until it held: a direction is checked again in a later
+    # attempt only while it has not (ATTEMPTS; a backend that cannot carry a rate falls
+    # short in every attempt), and one attempt's slow guest does not undo another's pass
+    reasons: dict[str, str | None] = {"asym-3.3": "not measured", "asym-24": "not measured"}
     async with network(profile, backend, unshaped=True) as topo:
         for attempt in range(ATTEMPTS):
             before = await calibrated(topo, runs=3)
@@ -244,17 +240,22 @@ async def test_a_per_host_link_makes_the_directions_asymmetric(backend: str) -> 
             ab, ba = a_to_b.rate_kbit(FULL, skip=50), b_to_a.rate_kbit(FULL, skip=200)
             # a's uplink is the bottleneck one way; b's uplink and a's downlink the other
             final = attempt == ATTEMPTS - 1
-            slow = check_rate(f"asym-3.3[{backend}]", ab, 3333.3, 0.05, cal, final=final)
-            fast = check_rate(f"asym-24[{backend}]", ba, 24_000, 0.05, cal, final=final)
+            for name, measured, capacity in (("asym-3.3", ab, 3333.3), ("asym-24", ba, 24_000)):
+                if reasons[name] is not None:  # the ceiling is checked every time
+                    reasons[name] = check_rate(f"{name}[{backend}]", measured, capacity, 0.05,
+                                               cal, final=final)
+                else:
+                    assert measured <= cal.ceiling_kbit(capacity, 0.05), (name, measured)
             # the direction: the slow one never carries more than its capacity, the
-            # other at least what this machine surely moves
+            # other at least what this machine surely moves (so, once both checks held,
+            # the fast one carried at least floor(24) / ceiling(3.3) times the slow one)
             if cal.guest_floor_kbit() > cal.ceiling_kbit(3333.3, 0.05):
                 assert ab < ba, (ab, ba, cal.describe())
-            if not (slow or fast):
+            if not any(reasons.values()):
                 break
-    if slow or fast:
-        pytest.skip(f"{slow or fast}; {ATTEMPTS} attempts")
-    assert ba / ab >= cal.floor_kbit(24_000, 0.05) / cal.ceiling_kbit(3333.3, 0.05)
+    untestable = [r for r in reasons.values() if r]
+    if untestable:
+        pytest.skip(f"{untestable[0]}; {ATTEMPTS} attempts")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
