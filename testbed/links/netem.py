@@ -128,6 +128,7 @@ class NetemBackend:
         self._iprs: dict[str, Any] = {}
         self._created_switch = False
         self._replay_scope: trio.CancelScope | None = None
+        self._replay_zero: float | None = None  # trio time of replay time 0, once restarted
         self._lateness = ReplayLateness()
         self._lock = threading.Lock()  # one netlink user at a time (rates vs counters)
 
@@ -347,7 +348,12 @@ class NetemBackend:
         """Restart the replay clock at the trace offset (no-op before `run_schedule`);
         returns the restart time as a time.monotonic() value."""
         now = time.monotonic()
+        # replay time 0 is this instant, not when the replay task gets going again: it
+        # may first wait for a rate change in flight and load its traces (in the VM
+        # lane's guest that took long enough to shift the schedule by a good part of a
+        # second); the steps due meanwhile are caught up (netem_replay)
         if self._replay_scope is not None:
+            self._replay_zero = trio.current_time()
             self._replay_scope.cancel()
         await trio.lowlevel.checkpoint()
         return now
@@ -358,7 +364,7 @@ class NetemBackend:
         traces = self._traces()
         if all(t is None for t in traces):
             await trio.sleep_forever()
-        start = trio.current_time()
+        start = self._replay_zero if self._replay_zero is not None else trio.current_time()
         for chunk in itertools.count():
             chunk_start = chunk * chunk_ms
             per_direction = [

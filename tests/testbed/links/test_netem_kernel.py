@@ -284,7 +284,9 @@ async def test_per_direction_delay_loss_and_queues_read_back() -> None:
         assert set(b) == {"netem", "tbf", "fq_codel"}
         assert b["fq_codel"]["TCA_FQ_CODEL_LIMIT"] == 300
         assert b["fq_codel"]["TCA_FQ_CODEL_FLOWS"] == 64
-        assert b["fq_codel"]["TCA_FQ_CODEL_TARGET"] == 4_000
+        # the kernel keeps CoDel's times in units of 1024 ns (codel_time_t), so 4 ms
+        # reads back as 3906 units: 3999.744 us, truncated
+        assert b["fq_codel"]["TCA_FQ_CODEL_TARGET"] == (4_000_000 >> 10 << 10) // 1000
 
 
 async def test_trace_rates_in_the_kernel_follow_the_schedule() -> None:
