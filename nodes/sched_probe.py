@@ -5,8 +5,8 @@ Rules this module obeys:
 1. Two measures, both off the action path:
 
    * **run-queue wait**: the second field of ``/proc/self/task/<tid>/schedstat`` (ns the
-     thread was runnable but waiting for a CPU), summed over the process's threads, with
-     the first field (CPU time) beside it. Read twice per episode (at ``reset`` and when
+     thread was runnable but waiting for a CPU), summed over the process's threads but
+     the probe's own sampling thread, with the first field (CPU time) beside it. Read twice per episode (at ``reset`` and when
      the controller asks), never while an action runs.
    * **timer oversleep**: a daemon thread sleeps :data:`PERIOD_MS` with ``time.sleep``
      (holding no GIL while asleep) and records how late it woke, into a fixed histogram
@@ -38,23 +38,31 @@ _BINS = int(MAX_MS / BIN_MS) + 1  # the last bin holds everything above MAX_MS
 ENV_PERIOD = "PLANFENCE_SCHED_PERIOD_MS"
 
 
-def read_schedstat(pid: int | str = "self") -> tuple[int, int]:
-    """(CPU ns, run-queue wait ns) summed over the threads of a process (0, 0 when the
-    kernel has no schedstat, e.g. without CONFIG_SCHED_INFO)."""
-    cpu = wait = 0
+def task_schedstats(pid: int | str = "self") -> dict[int, tuple[int, int]]:
+    """(CPU ns, run-queue wait ns) of each thread of a process, by thread id (empty when
+    the kernel has no schedstat, e.g. without CONFIG_SCHED_INFO)."""
+    stats: dict[int, tuple[int, int]] = {}
     try:
         tasks = list(Path(f"/proc/{pid}/task").iterdir())
     except OSError:
-        return 0, 0
+        return stats
     for task in tasks:
         try:
             fields = (task / "schedstat").read_text().split()
         except OSError:
             continue  # a thread that ended meanwhile
         if len(fields) >= 2:
-            cpu += int(fields[0])
-            wait += int(fields[1])
-    return cpu, wait
+            stats[int(task.name)] = (int(fields[0]), int(fields[1]))
+    return stats
+
+
+def read_schedstat(pid: int | str = "self", *,
+                   exclude: frozenset[int] = frozenset()) -> tuple[int, int]:
+    """(CPU ns, run-queue wait ns) summed over the threads of a process but EXCLUDE
+    (the probe's own sampling thread: its wake-ups every period wait for a CPU on a
+    busy host too, and that wait is the probe's, not the node's)."""
+    stats = [v for tid, v in task_schedstats(pid).items() if tid not in exclude]
+    return sum(c for c, _ in stats), sum(w for _, w in stats)
 
 
 def period_from_env(default_ms: float = PERIOD_MS) -> float:
@@ -80,12 +88,20 @@ class SchedProbe:
         self._base = read_schedstat()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._own: frozenset[int] = frozenset()  # the sampling thread's id, once started
 
     def start(self) -> None:
         if self._thread is not None or self.period_ms <= 0:
             return
         self._thread = threading.Thread(target=self._sample, name="sched-probe", daemon=True)
         self._thread.start()
+        if self._thread.native_id is not None:
+            self._own = frozenset({self._thread.native_id})
+
+    @property
+    def sampler_tid(self) -> int | None:
+        """The sampling thread's kernel thread id (None before start or when off)."""
+        return next(iter(self._own), None)
 
     def stop(self) -> None:
         self._stop.set()
@@ -98,7 +114,7 @@ class SchedProbe:
             self._bins = [0] * _BINS
             self._samples = 0
             self._max_ns = 0
-            self._base = read_schedstat()
+            self._base = read_schedstat(exclude=self._own)
 
     def _sample(self) -> None:
         period_s = self.period_ms / 1000.0
@@ -128,7 +144,7 @@ class SchedProbe:
     def report(self) -> dict[str, Any]:
         """The window so far: ``runq_wait_ms``, ``cpu_ms``, oversleep ``samples``,
         ``oversleep_p50_ms`` / ``p99`` (bin upper edges) and ``oversleep_max_ms``."""
-        cpu, wait = read_schedstat()
+        cpu, wait = read_schedstat(exclude=self._own)
         with self._lock:
             base_cpu, base_wait = self._base
             return {
