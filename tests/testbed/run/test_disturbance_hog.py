@@ -113,6 +113,9 @@ async def test_a_cpu_hog_on_the_nodes_cpu_marks_episodes_disturbed(tmp_path: Pat
     print("disturbed, runq ms/action, wait share, stall ms/action, reason:", *report, sep="\n")
     assert all(r.episode["disturbed"] for r in hogged), report
     assert all("runq_wait" in r.episode["disturbed_reason"] for r in hogged), report
-    assert not any(r.episode["disturbed"] for r in quiet), report
+    # the quiet arm has no run-queue wait to speak of; it may still be disturbed by what
+    # no test controls and the verdict rightly reports (this machine is itself a guest:
+    # its hypervisor stole 16-28% of the CPU in the quiet arm of one run)
+    assert not any("runq_wait" in r.episode["disturbed_reason"] for r in quiet), report
     assert min(runq_per_action(r) for r in hogged) > 10 * max(
         runq_per_action(r) for r in quiet), report
