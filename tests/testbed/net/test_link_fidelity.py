@@ -225,6 +225,12 @@ async def test_a_per_host_link_makes_the_directions_asymmetric(backend: str) -> 
     # attempt only while it has not (ATTEMPTS; a backend that cannot carry a rate falls
     # short in every attempt), and one attempt's slow guest does not undo another's pass
     reasons: dict[str, str | None] = {"asym-3.3": "not measured", "asym-24": "not measured"}
+    # how far below its capacity a backlogged direction may fall: the userspace emulator
+    # releases on time; netem's tbf still loses what a dequeue timer fires later than
+    # its bucket's 1 ms of catch-up (netem_plan.CATCH_UP_MS), which a software-emulated
+    # guest beside a busy host does (3.3 Mbit/s carried 3069-3158 kbit/s in all 4
+    # attempts of one CI run, 92-95%); the rate's precision is `testbed bench link`'s
+    low = 0.05 if backend == "userspace" else 0.10
     async with network(profile, backend, unshaped=True) as topo:
         for attempt in range(ATTEMPTS):
             before = await calibrated(topo, runs=3)
@@ -242,7 +248,7 @@ async def test_a_per_host_link_makes_the_directions_asymmetric(backend: str) -> 
             final = attempt == ATTEMPTS - 1
             for name, measured, capacity in (("asym-3.3", ab, 3333.3), ("asym-24", ba, 24_000)):
                 if reasons[name] is not None:  # the ceiling is checked every time
-                    reasons[name] = check_rate(f"{name}[{backend}]", measured, capacity, 0.05,
+                    reasons[name] = check_rate(f"{name}[{backend}]", measured, capacity, low,
                                                cal, final=final)
                 else:
                     assert measured <= cal.ceiling_kbit(capacity, 0.05), (name, measured)
