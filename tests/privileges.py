@@ -9,6 +9,10 @@ from collections.abc import Callable
 from typing import Any
 
 NOBODY = 65534
+TUN_0666 = ("mount -t tmpfs -o mode=0755 tmpfs /dev/net && mknod -m 0666 /dev/net/tun c 10 200 "
+            f"&& exec setpriv --reuid={NOBODY} --regid={NOBODY} --clear-groups \"$@\"")
+"""``sh -c`` script, run as root inside ``unshare --mount --propagation private``: a
+0666 TUN node over /dev/net (this host's own is 0600), then its arguments as nobody."""
 
 
 def as_nobody(fn: Callable[[], Any]) -> Any:

@@ -40,6 +40,7 @@ from testbed.run.dask_engine import open_dask_engine
 from testbed.run.loop import run_campaign
 from testbed.run.resume import resume_argv
 from testbed.tools.certs import make_certs
+from tests.privileges import TUN_0666
 from tests.testbed.run.cluster_procs import BIN, free_port, listening, processes
 from tests.testbed.run.fake_runner import quiet
 
@@ -357,8 +358,6 @@ _ROOTLESS_TOML = ('name = "lab-rootless"\nseed = 6\ntemplates = 1\n[options]\n'
                   'episode_timeout_s = 120\n[grid]\npolicy = ["planfence"]\n'
                   'network = ["fixed"]\nagents = [2]\nkeys = [4]\nunits = [8]\n'
                   'connection = ["reuse"]\n')
-_TUN_0666 = ("mount -t tmpfs -o mode=0755 tmpfs /dev/net && mknod -m 0666 /dev/net/tun c 10 200 "
-             "&& exec setpriv --reuid=65534 --regid=65534 --clear-groups \"$@\"")
 
 
 @pytest.fixture
@@ -403,7 +402,7 @@ def test_a_worker_without_root_runs_a_shaped_unit_in_a_user_namespace(
         procs.start("scheduler", [str(BIN / "testbed"), "scheduler", "--port", str(port)])
         procs.wait_for_log("scheduler", "listening at")
         procs.start("worker", [
-            "unshare", "--mount", "--propagation", "private", "sh", "-c", _TUN_0666, "sh",
+            "unshare", "--mount", "--propagation", "private", "sh", "-c", TUN_0666, "sh",
             "env", "-i", "PATH=/usr/bin:/bin", f"HOME={home}", "LANG=C.UTF-8",
             str(venv / "bin" / "python"), "-m", "testbed", "worker", address, "--lanes", "1"],
             cwd=home)

@@ -24,12 +24,9 @@ import pandas as pd
 import pytest
 
 from testbed.host.userns import probe
+from tests.privileges import NOBODY, TUN_0666
 
 ROOT = Path(__file__).resolve().parents[3]
-NOBODY = 65534
-TUN_0666 = ("mount -t tmpfs -o mode=0755 tmpfs /dev/net && mknod -m 0666 /dev/net/tun c 10 200 "
-            f"&& exec setpriv --reuid={NOBODY} --regid={NOBODY} --clear-groups \"$@\"")
-"""Run as root in a private mount namespace: a 0666 TUN node, then the command as nobody."""
 WRAP_TOOLS = ("unshare", "mount", "mknod", "setpriv")
 
 
