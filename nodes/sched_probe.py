@@ -6,8 +6,9 @@ Rules this module obeys:
 
    * **run-queue wait**: the second field of ``/proc/self/task/<tid>/schedstat`` (ns the
      thread was runnable but waiting for a CPU), summed over the process's threads but
-     the probe's own sampling thread, with the first field (CPU time) beside it. Read twice per episode (at ``reset`` and when
-     the controller asks), never while an action runs.
+     the probe's own sampling thread, with the first field (CPU time) beside it. Read
+     twice per episode (at ``reset`` and when the controller asks), never while an
+     action runs.
    * **timer oversleep**: a daemon thread sleeps :data:`PERIOD_MS` with ``time.sleep``
      (holding no GIL while asleep) and records how late it woke, into a fixed histogram
      (:data:`BIN_MS` bins up to :data:`MAX_MS`, then one overflow bin). A wake costs a
