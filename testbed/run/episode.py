@@ -139,6 +139,10 @@ class TeamGroup:
             frozen = await self.team.unresponsive(timeout_s=heartbeat_s)
             if frozen is not None:
                 unresponsive.append(frozen)
+        if failed and not unresponsive:  # or a dead emulator under the nodes' RPCs?
+            link_failure = await self._link_failure(timeout_s=heartbeat_s)
+            if link_failure is not None:
+                raise link_failure  # the emulator's fault, not a node's: a unit failure
         if unresponsive:
             raise EpisodeAborted(str(unresponsive[0]))
         if failed:
@@ -156,6 +160,20 @@ class TeamGroup:
         except (RunFailure, ProtocolError) as exc:
             raise EpisodeAborted(f"{type(exc).__name__}: {exc}") from None
         return result[0]
+
+    async def _link_failure(self, *, timeout_s: float) -> LinkFailure | None:
+        """The link backend's own failure, if asking it for its statistics shows one.
+
+        A node's RPC that timed out is a symptom when the emulator carrying its packets
+        has died: the nodes' RPC timeout can expire before the controller next talks to
+        the emulator. A backend that does not answer within ``timeout_s`` is left to the
+        next episode's start, which fails on it as a unit failure too."""
+        with trio.move_on_after(timeout_s):
+            try:
+                await self.topo.link_statistics()
+            except LinkFailure as exc:
+                return exc
+        return None
 
     async def _run(self, cell: Cell, schedule: Schedule) -> EpisodeResult:
         if self.campaign.kind == LIVE_KIND:  # live workflows (testbed/run/live.py)
