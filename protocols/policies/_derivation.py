@@ -183,6 +183,51 @@ def best_effort_inputs(env: PolicyEnv, request: ActionRequest) -> dict[str, byte
         return {}
 
 
+#: Obtains H for one pass: (candidate, captured C, frontier F, tally) -> evidence.
+ObtainHeads = Callable[[ActionRequest, Mapping[str, bytes], Mapping[str, bytes], Tally],
+                       Awaitable[Evidence]]
+
+
+async def verify_passes(env: PolicyEnv, request: ActionRequest, obtain: ObtainHeads, *,
+                        compared: Sequence[str] | None = None,
+                        on_first_pass: Callable[[Mapping[str, bytes], Evidence], None]
+                        | None = None) -> ActionOutcome:
+    """Rules 1-5 for one action: a pass, at most one replan, a second pass.
+
+    ``compared`` limits the predicate to those declared keys (None: every declared key;
+    a budgeted check compares only the inputs it checked); the replan then takes H on
+    them and the local version elsewhere. ``on_first_pass`` sees F and the evidence of
+    the first pass once it is refreshed (a policy's bookkeeping of what it found)."""
+    tally = Tally()
+    candidate = request
+    inputs: dict[str, bytes] = {}
+
+    def only(values: Mapping[str, bytes]) -> Mapping[str, bytes]:
+        return values if compared is None else {k: values[k] for k in compared}
+
+    for replans in range(2):  # the first pass, and one more after the single replan
+        try:
+            captured = capture(env.store, candidate.declared, env.roster)
+            inputs = reconstruct(env.store.get, candidate.roots, candidate.declared).inputs
+            evidence = await obtain(candidate, captured, inputs, tally)
+            await refresh(env, evidence, captured, tally)
+        except BLOCKING_ERRORS as exc:
+            return ActionOutcome(False, replans, (), inputs,
+                                 block_reason(exc), tally.requests)
+        if replans == 0 and on_first_pass is not None:
+            on_first_pass(inputs, evidence)
+        heads = {k: h.record_id for k, h in evidence.heads.items()}
+        decision = decide(only(inputs), only(captured), only(heads), replanned=replans > 0)
+        if decision.verdict is Verdict.RELEASE:
+            return ActionOutcome(True, replans, candidate.roots, inputs,
+                                 messages=tally.requests)
+        if decision.verdict is Verdict.BLOCK:
+            return ActionOutcome(False, replans, (), inputs,
+                                 decision.reason, tally.requests)
+        candidate = await env.replan(candidate, {**captured, **decision.heads})
+    raise LocalProtocolError("the decision rule asked for a second replan")
+
+
 class DerivationPolicy(Policy):
     """Base of every derivation-current policy: only :meth:`obtain_heads` differs."""
 
@@ -194,28 +239,10 @@ class DerivationPolicy(Policy):
         raise NotImplementedError
 
     async def validate(self, env: PolicyEnv, request: ActionRequest) -> ActionOutcome:
-        tally = Tally()
-        candidate = request
-        inputs: dict[str, bytes] = {}
-        for replans in range(2):  # the first pass, and one more after the single replan
-            try:
-                captured = capture(env.store, candidate.declared, env.roster)
-                inputs = reconstruct(env.store.get, candidate.roots, candidate.declared).inputs
-                evidence = await self.obtain_heads(env, candidate, captured, inputs, tally)
-                await refresh(env, evidence, captured, tally)
-            except BLOCKING_ERRORS as exc:
-                return ActionOutcome(False, replans, (), inputs,
-                                     block_reason(exc), tally.requests)
-            heads = {k: h.record_id for k, h in evidence.heads.items()}
-            decision = decide(inputs, captured, heads, replanned=replans > 0)
-            if decision.verdict is Verdict.RELEASE:
-                return ActionOutcome(True, replans, candidate.roots, inputs,
-                                     messages=tally.requests)
-            if decision.verdict is Verdict.BLOCK:
-                return ActionOutcome(False, replans, (), inputs,
-                                     decision.reason, tally.requests)
-            candidate = await env.replan(candidate, decision.heads)
-        raise LocalProtocolError("the decision rule asked for a second replan")
+        async def obtain(candidate: ActionRequest, captured: Mapping[str, bytes],
+                         frontier: Mapping[str, bytes], tally: Tally) -> Evidence:
+            return await self.obtain_heads(env, candidate, captured, frontier, tally)
+        return await verify_passes(env, request, obtain)
 
 
 def frontier_known(env: PolicyEnv, captured: Mapping[str, bytes],

@@ -19,24 +19,20 @@ inputs. Off the path: nothing (the ranking's bookkeeping is in memory).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from protocols.env import ActionOutcome, ActionRequest, PolicyEnv
-from protocols.errors import LocalProtocolError
-from protocols.frontier import Verdict, capture, decide, reconstruct
 from protocols.policies._budget import ALL, RANKINGS, BudgetStats, choose, rank, seeded_order
 from protocols.policies._derivation import (
-    BLOCKING_ERRORS,
     Evidence,
     Tally,
     all_or_raise,
     best_effort_inputs,
-    block_reason,
     check_head,
     known_versions,
     local_heads,
-    refresh,
+    verify_passes,
 )
 from protocols.policies.base import Policy
 from protocols.policies.registry import register
@@ -92,33 +88,19 @@ class PlanFenceBudget(Policy):
         if not keys:
             return ActionOutcome(True, 0, request.roots, best_effort_inputs(env, request))
         stats = self.stats(env)
-        tally = Tally()
-        candidate = request
-        inputs: dict[str, bytes] = {}
-        for replans in range(2):  # the first pass, and one more after the single replan
-            try:
-                captured = capture(env.store, candidate.declared, env.roster)
-                inputs = reconstruct(env.store.get, candidate.roots, candidate.declared).inputs
-                known = known_versions(env, [*(captured[k] for k in keys),
-                                             *(inputs[k] for k in keys)])
-                heads = await self._owner_heads(env, keys, known, tally, stats)
-                await refresh(env, Evidence(heads), captured, tally)
-            except BLOCKING_ERRORS as exc:
-                return ActionOutcome(False, replans, (), inputs, block_reason(exc),
-                                     tally.requests)
-            if replans == 0:
-                for key in keys:
-                    stats.note_check(key, superseded=heads[key].record_id != inputs[key])
-            decision = decide({k: inputs[k] for k in keys}, {k: captured[k] for k in keys},
-                              {k: heads[k].record_id for k in keys}, replanned=replans > 0)
-            if decision.verdict is Verdict.RELEASE:
-                return ActionOutcome(True, replans, candidate.roots, inputs,
-                                     messages=tally.requests)
-            if decision.verdict is Verdict.BLOCK:
-                return ActionOutcome(False, replans, (), inputs, decision.reason,
-                                     tally.requests)
-            candidate = await env.replan(candidate, {**captured, **decision.heads})
-        raise LocalProtocolError("the decision rule asked for a second replan")
+
+        async def obtain(candidate: ActionRequest, captured: Mapping[str, bytes],
+                         frontier: Mapping[str, bytes], tally: Tally) -> Evidence:
+            known = known_versions(env, [*(captured[k] for k in keys),
+                                         *(frontier[k] for k in keys)])
+            return Evidence(await self._owner_heads(env, keys, known, tally, stats))
+
+        def first_pass(frontier: Mapping[str, bytes], evidence: Evidence) -> None:
+            for key in keys:
+                stats.note_check(key, superseded=evidence.heads[key].record_id != frontier[key])
+
+        return await verify_passes(env, request, obtain, compared=keys,
+                                   on_first_pass=first_pass)
 
     async def _owner_heads(self, env: PolicyEnv, keys: Sequence[str], known: list[HeadInfo],
                            tally: Tally, stats: BudgetStats) -> dict[str, HeadInfo]:
