@@ -108,7 +108,9 @@ for line in open(sys.argv[1]):
     print(f"  {r['test']:<22} capacity {r['capacity_kbit']:>8.0f}  measured "
           f"{r['measured_kbit']:>8.0f}  floor {r['floor_kbit']:>8.0f}  ceiling "
           f"{r['ceiling_kbit']:>8.0f}  guest {r['median_kbit']:>8.0f} (spread "
-          f"{r['spread']:.0%}, margin {r['margin']:.0%})  {verdict}")
+          f"{r['spread']:.0%}, margin {r['margin']:.0%})  timers late p50/p99 "
+          f"{r.get('timer_late_p50_ms') or 0:.2f}/{r.get('timer_late_p99_ms') or 0:.2f} ms"
+          f"  {verdict}")
 PY
 # Skips: inside the guest (root, netem, TUN) only a rate the guest is too slow to test
 # may skip, and only a few; the lane fails on any other skip or on more of them

@@ -7,7 +7,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from testbed.tools.calibrate import BASE_MARGIN, TESTABLE_FRACTION, Calibration, merged
+from testbed.tools.calibrate import (
+    BASE_MARGIN,
+    FULL_IP_BYTES,
+    TESTABLE_FRACTION,
+    Calibration,
+    bucket_share,
+    merged,
+)
+
+FRAME_MS_3_3 = FULL_IP_BYTES * 8 / 3333.3  # one full frame at 3.3 Mbit/s: 3.6 ms
 
 
 def test_floor_and_ceiling_of_a_guest_slower_than_the_link() -> None:
@@ -41,11 +50,12 @@ def test_a_calibration_that_moved_a_lot_demands_little_and_tests_nothing_fast() 
 
 
 def test_runs_before_and_after_a_check_are_pooled() -> None:
-    before = Calibration((10_000.0, 12_000.0), (1.0,))
-    after = Calibration((9_000.0,), (2.0,))
+    before = Calibration((10_000.0, 12_000.0), (1.0,), (0.1, 0.2))
+    after = Calibration((9_000.0,), (2.0,), (3.0,))
     both = merged(before, after)
     assert both.rates_kbit == (10_000.0, 12_000.0, 9_000.0)
     assert both.rtts_ms == (1.0, 2.0)
+    assert both.lateness_ms == (0.1, 0.2, 3.0)
     assert both.as_dict()["median_kbit"] == 10_000.0
 
 
@@ -66,3 +76,40 @@ def test_the_floor_never_asks_more_than_the_slowest_run_or_the_capacity(
     assert floor <= cal.ceiling_kbit(capacity, rel)
     testable = cal.untestable(capacity) is None
     assert testable == (cal.guest_floor_kbit() >= TESTABLE_FRACTION * capacity)
+
+
+def test_a_bucket_on_time_or_late_within_its_catch_up_carries_its_whole_rate() -> None:
+    assert bucket_share(3333.3, [0.0] * 200, catch_up_ms=1.0) == pytest.approx(1.0)
+    assert bucket_share(3333.3, [0.9] * 200, catch_up_ms=1.0) == pytest.approx(1.0)
+    assert bucket_share(24_000, [0.4, 0.0, 0.9] * 100, catch_up_ms=1.0) == pytest.approx(1.0)
+
+
+def test_a_bucket_loses_what_each_wake_is_later_than_its_catch_up() -> None:
+    # woken 2 ms late every time with 1 ms of catch-up: each frame takes 1 ms longer
+    share = bucket_share(3333.3, [2.0] * 400, catch_up_ms=1.0)
+    assert share == pytest.approx(FRAME_MS_3_3 / (FRAME_MS_3_3 + 1.0), rel=0.01)
+    # no catch-up at all (a bucket of one frame): the whole lateness is lost
+    bare = bucket_share(3333.3, [0.4] * 400, catch_up_ms=0.0)
+    assert bare == pytest.approx(FRAME_MS_3_3 / (FRAME_MS_3_3 + 0.4), rel=0.01)
+    # a rare long stall costs what it lasts beyond the catch-up, once
+    stalls = bucket_share(3333.3, [0.0] * 99 + [50.0], catch_up_ms=1.0)
+    assert stalls == pytest.approx(99 * FRAME_MS_3_3 / (99 * FRAME_MS_3_3 + 49.0), rel=0.02)
+
+
+def test_the_floor_of_a_token_bucket_link_follows_the_measured_timers() -> None:
+    prompt = Calibration((20_000.0,) * 3, lateness_ms=(0.2,) * 100)
+    late = Calibration((20_000.0,) * 3, lateness_ms=(1.5,) * 100)
+    assert prompt.floor_kbit(3333.3, 0.05, catch_up_ms=1.0) == pytest.approx(3333.3 * 0.95)
+    expected = 3333.3 * 0.95 * FRAME_MS_3_3 / (FRAME_MS_3_3 + 0.5)
+    assert late.floor_kbit(3333.3, 0.05, catch_up_ms=1.0) == pytest.approx(expected, rel=0.01)
+    assert late.floor_kbit(3333.3, 0.05) == pytest.approx(3333.3 * 0.95)  # not a bucket
+    assert "timers late by 1.50 ms median" in late.describe()
+
+
+@given(late=st.lists(st.floats(0.0, 100.0), min_size=1, max_size=50),
+       capacity=st.floats(100.0, 1e5), catch_up=st.floats(0.0, 5.0))
+def test_a_bucket_never_carries_more_than_its_rate_and_more_catch_up_never_hurts(
+        late: list[float], capacity: float, catch_up: float) -> None:
+    share = bucket_share(capacity, late, catch_up_ms=catch_up)
+    assert 0.0 < share <= 1.0
+    assert bucket_share(capacity, late, catch_up_ms=catch_up + 1.0) >= share - 1e-9
