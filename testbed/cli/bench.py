@@ -23,6 +23,7 @@ from testbed.cli.common import (
     require_namespaces,
     require_root,
 )
+from testbed.errors import UserError
 
 if TYPE_CHECKING:  # rich is imported when a benchmark runs, not by every command
     from rich.console import Console
@@ -156,11 +157,27 @@ def _cluster_args(b: argparse.ArgumentParser) -> None:
 def _transfer(args: argparse.Namespace, out: Console, json_path: Path | None) -> Any:
     import trio
 
-    require_namespaces("bench transfer")
-    from testbed.tools.bench_transfer import bench_transfer, write_transfer
+    from testbed.tools.bench_transfer import (
+        bench_transfer,
+        role_call_reference,
+        write_transfer,
+    )
 
-    result = trio.run(lambda: bench_transfer(out, samples=args.samples))
-    paths = write_transfer(result, Path(args.out or "results/transfer"))
+    out_dir = Path(args.out or "results/transfer")
+    reference = role_call_reference(
+        role_call_ms=args.role_call_ms,
+        live_run=None if args.role_calls is None else Path(args.role_calls))
+    if args.redraw:  # the figure again from the measured samples, with this line
+        measured = out_dir / "transfer.json"
+        if not measured.is_file():
+            raise UserError(f"--redraw: no {measured} to draw from (run the benchmark "
+                            f"first, or name its directory with --out)")
+        result = {**json.loads(measured.read_text()), "reference": reference}
+    else:
+        require_namespaces("bench transfer")
+        result = trio.run(lambda: bench_transfer(out, samples=args.samples,
+                                                 reference=reference))
+    paths = write_transfer(result, out_dir)
     if json_path is not None:
         json_path.write_text(json.dumps(result, indent=2) + "\n")
     out.print("transfer: " + ", ".join(map(str, paths)))
@@ -172,6 +189,15 @@ def _transfer_args(b: argparse.ArgumentParser) -> None:
                    help="where transfer.json and fig_c1.png go (default results/transfer)")
     b.add_argument("--samples", type=positive_int, default=20, metavar="N",
                    help="transfers per payload size and loss rate (default 20)")
+    b.add_argument("--role-call-ms", type=float, metavar="MS",
+                   help="a median model role-call duration: the figure's reference line "
+                        "at 10%% of it (the paper's calibration: 1170)")
+    b.add_argument("--role-calls", metavar="RUN",
+                   help="a live run's results directory: the reference line at 10%% of "
+                        "its median role call")
+    b.add_argument("--redraw", action="store_true",
+                   help="measure nothing: draw the figure again from --out's "
+                        "transfer.json with the reference line given")
 
 
 def _examples(args: argparse.Namespace, out: Console, json_path: Path | None) -> Any:

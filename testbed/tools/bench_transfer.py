@@ -13,6 +13,14 @@ fresh authenticated transfer, measured inside the node on CLOCK_MONOTONIC.
 packet loss on every network: median and 95th percentile. On the LTE trace the samples
 follow each other through the trace (no restart), so they see its different phases.
 Writes ``transfer.json`` and ``fig_c1.png`` / ``fig_c1.svg`` into the output directory.
+
+The reference line: the paper draws 10% of the median duration of a model role call,
+the share of a call that one blocking transfer may cost before coordination rivals
+generation. The line is drawn when the run is given a role-call duration
+(:func:`role_call_reference`): a configured median (``--role-call-ms``; the paper's
+calibration had 1170 ms) or a live run's measured one (``--role-calls RUN``: the median
+over its tasks of each task's median role call); without one the figure has no line.
+``--redraw`` draws the figure again from an existing ``transfer.json`` with another line.
 """
 
 from __future__ import annotations
@@ -29,9 +37,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 from matplotlib.figure import Figure
 from rich.console import Console
 
+from testbed.errors import UserError
 from testbed.links.profiles import NetworkProfile, get_profile
 from testbed.net.topology import open_topology
 from testbed.results.provenance import git_revision, host_description
@@ -44,8 +54,8 @@ SAMPLES = 20
 KEY = "k000"
 AGENTS = ("a0", "a1")
 RPC_TIMEOUT_S = 60.0
-REFERENCE_MS = 117.0
-"""The paper's reference line: 10% of the median role-call duration of its calibration."""
+REFERENCE_SHARE = 0.10
+"""The reference line's share of the median role-call duration (the paper's 10%)."""
 
 
 def transfer_networks() -> dict[str, dict[str, Any]]:
@@ -92,12 +102,14 @@ def _summary(values: Sequence[float]) -> dict[str, float]:
             "n": len(values)}
 
 
-async def bench_transfer(console: Console, *, samples: int = SAMPLES,
-                         seed: int = 1) -> dict[str, Any]:
-    """Run both panels on every network; return what ``transfer.json`` holds."""
+async def bench_transfer(console: Console, *, samples: int = SAMPLES, seed: int = 1,
+                         reference: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Run both panels on every network; return what ``transfer.json`` holds
+    (``reference``: the line's record, :func:`role_call_reference`)."""
     networks = transfer_networks()
     result: dict[str, Any] = {"samples": samples, "sizes_kib": list(SIZES_KIB),
                               "losses_pct": list(LOSSES_PCT), "seed": seed,
+                              "reference": None if reference is None else dict(reference),
                               "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                               "git": git_revision(), "system": host_description(),
                               "networks": {}}
@@ -120,6 +132,43 @@ async def bench_transfer(console: Console, *, samples: int = SAMPLES,
     return result
 
 
+def role_call_reference(*, role_call_ms: float | None = None,
+                        live_run: Path | None = None) -> dict[str, Any] | None:
+    """The reference line's record for ``transfer.json`` (None: no line): from a
+    configured median role-call duration, or from a live run's actions."""
+    if role_call_ms is not None and live_run is not None:
+        raise UserError("--role-call-ms and --role-calls: give one source of the "
+                        "role-call duration, not both")
+    if role_call_ms is not None:
+        if not role_call_ms > 0:
+            raise UserError(f"--role-call-ms: {role_call_ms!r}; must be > 0")
+        median, source = float(role_call_ms), "configured"
+    elif live_run is not None:
+        median, tasks = _live_role_call_ms(live_run)
+        source = f"{live_run} ({tasks} tasks)"
+    else:
+        return None
+    return {"role_call_ms": median, "share": REFERENCE_SHARE,
+            "line_ms": median * REFERENCE_SHARE, "source": source}
+
+
+def _live_role_call_ms(run_dir: Path) -> tuple[float, int]:
+    """The median over a live run's tasks of each task's median role call, and the
+    number of tasks that had one."""
+    path = run_dir / "actions.parquet"
+    if not path.is_file():
+        raise UserError(f"--role-calls: {run_dir} has no actions.parquet (a results "
+                        f"directory of a live campaign)")
+    actions = pd.read_parquet(path)
+    if "role_call_ms_p50" not in actions:
+        raise UserError(f"--role-calls: {run_dir} is not a live run (its actions have no "
+                        f"role-call durations)")
+    calls = actions["role_call_ms_p50"].dropna()
+    if calls.empty:
+        raise UserError(f"--role-calls: {run_dir} recorded no role call")
+    return float(calls.median()), len(calls)
+
+
 def write_transfer(result: Mapping[str, Any], out_dir: Path) -> list[Path]:
     """Write ``transfer.json`` and the figure (PNG and a byte-stable SVG)."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -129,6 +178,11 @@ def write_transfer(result: Mapping[str, Any], out_dir: Path) -> list[Path]:
     figure.savefig(paths[1], dpi=150)
     figure.savefig(paths[2], metadata={"Date": None})
     return paths
+
+
+def _short(source: str) -> str:
+    return "configured" if source == "configured" else "measured: " + Path(
+        source.split(" (")[0]).name
 
 
 def transfer_figure(result: Mapping[str, Any]) -> Figure:
@@ -146,9 +200,13 @@ def transfer_figure(result: Mapping[str, Any]) -> Figure:
                      color=line.get_color(), label=f"{name} median")
         loss_ax.plot(losses, [data["loss"][f"{x:g}"]["p95_ms"] for x in losses], marker="^",
                      linestyle="--", color=line.get_color(), label=f"{name} p95")
+    reference = result.get("reference")
     for ax in (size_ax, loss_ax):
-        ax.axhline(REFERENCE_MS, color="grey", linestyle=":", linewidth=1,
-                   label="117 ms reference")
+        if reference:
+            ax.axhline(reference["line_ms"], color="grey", linestyle=":", linewidth=1,
+                       label=f"{reference['line_ms']:.0f} ms: {reference['share']:.0%} of "
+                             f"a {reference['role_call_ms']:.0f} ms role call "
+                             f"({_short(reference['source'])})")
         ax.set_ylabel("blocking time of one fresh transfer (ms)")
         ax.set_yscale("log")
         ax.grid(True, which="both", alpha=0.3)
