@@ -6,6 +6,7 @@ subprocess (it measures nothing)."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -70,11 +71,11 @@ def test_a_live_runs_median_role_call_is_the_median_over_its_tasks(tmp_path: Pat
 
 
 def test_bad_sources_are_the_users_fault_and_name_the_option(tmp_path: Path) -> None:
-    with pytest.raises(UserError, match="--role-call-ms: 0.0; must be > 0"):
+    with pytest.raises(UserError, match=re.escape("--role-call-ms: 0.0; must be > 0")):
         role_call_reference(role_call_ms=0.0)
     with pytest.raises(UserError, match="one source"):
         role_call_reference(role_call_ms=1000.0, live_run=tmp_path)
-    with pytest.raises(UserError, match="--role-calls: .* has no actions.parquet"):
+    with pytest.raises(UserError, match=r"--role-calls: .* has no actions\.parquet"):
         role_call_reference(live_run=tmp_path)
     pd.DataFrame({"episode": ["e1"], "stall_ms": [3.0]}).to_parquet(
         tmp_path / "actions.parquet")
@@ -89,7 +90,8 @@ def test_redraw_draws_a_measured_result_again_with_the_line_given(tmp_path: Path
     missing = subprocess.run(command, text=True, capture_output=True, timeout=120,
                              check=False)
     assert missing.returncode != 0
-    assert "--redraw: no" in missing.stderr and "Traceback" not in missing.stderr
+    assert "--redraw: no" in missing.stderr
+    assert "Traceback" not in missing.stderr
     out.mkdir()
     (out / "transfer.json").write_text(json.dumps(_result(None)))
     drawn = subprocess.run(command, text=True, capture_output=True, timeout=120,
