@@ -142,14 +142,14 @@ def role_call_reference(*, role_call_ms: float | None = None,
     if role_call_ms is not None:
         if not role_call_ms > 0:
             raise UserError(f"--role-call-ms: {role_call_ms!r}; must be > 0")
-        median, source = float(role_call_ms), "configured"
+        median, source, legend = float(role_call_ms), "configured", "configured"
     elif live_run is not None:
         median, tasks = _live_role_call_ms(live_run)
-        source = f"{live_run} ({tasks} tasks)"
+        source, legend = f"{live_run} ({tasks} tasks)", f"measured: {live_run.name}"
     else:
         return None
     return {"role_call_ms": median, "share": REFERENCE_SHARE,
-            "line_ms": median * REFERENCE_SHARE, "source": source}
+            "line_ms": median * REFERENCE_SHARE, "source": source, "legend": legend}
 
 
 def _live_role_call_ms(run_dir: Path) -> tuple[float, int]:
@@ -180,11 +180,6 @@ def write_transfer(result: Mapping[str, Any], out_dir: Path) -> list[Path]:
     return paths
 
 
-def _short(source: str) -> str:
-    return "configured" if source == "configured" else "measured: " + Path(
-        source.split(" (")[0]).name
-
-
 def transfer_figure(result: Mapping[str, Any]) -> Figure:
     """Figure C.1's two panels from a ``transfer.json`` result."""
     figure = Figure(figsize=(10, 4), layout="constrained")
@@ -206,7 +201,7 @@ def transfer_figure(result: Mapping[str, Any]) -> Figure:
             ax.axhline(reference["line_ms"], color="grey", linestyle=":", linewidth=1,
                        label=f"{reference['line_ms']:.0f} ms: {reference['share']:.0%} of "
                              f"a {reference['role_call_ms']:.0f} ms role call "
-                             f"({_short(reference['source'])})")
+                             f"({reference['legend']})")
         ax.set_ylabel("blocking time of one fresh transfer (ms)")
         ax.set_yscale("log")
         ax.grid(True, which="both", alpha=0.3)
