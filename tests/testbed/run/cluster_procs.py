@@ -5,6 +5,7 @@ log, stopped by pid (SIGTERM, then SIGKILL) when the test ends."""
 from __future__ import annotations
 
 import contextlib
+import shutil
 import signal
 import socket
 import subprocess
@@ -16,6 +17,24 @@ from pathlib import Path
 import psutil
 
 BIN = Path(sys.executable).parent
+WORLD_PYTHON = "python3.11"
+"""The system interpreter a world-readable venv is built on (this checkout's own lives
+under /root, which uid 65534 cannot enter)."""
+
+
+def world_venv(directory: Path) -> Path | None:
+    """A venv in ``directory`` that uid 65534 can run, on /usr/bin's python3.11, with this
+    checkout's packages on its path; its python, or None where there is no such
+    interpreter."""
+    world = shutil.which(WORLD_PYTHON, path="/usr/bin:/usr/local/bin")
+    if not world:
+        return None
+    venv = directory / "venv"
+    subprocess.run([world, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    ours = next((BIN.parent / "lib").glob("python3*/site-packages"))
+    (site / "checkout.pth").write_text(f"import site; site.addsitedir({str(ours)!r})\n")
+    return venv / "bin" / "python"
 
 
 def free_port() -> int:

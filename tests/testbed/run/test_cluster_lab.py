@@ -41,7 +41,14 @@ from testbed.run.loop import run_campaign
 from testbed.run.resume import resume_argv
 from testbed.tools.certs import make_certs
 from tests.privileges import TUN_0666
-from tests.testbed.run.cluster_procs import BIN, free_port, listening, processes
+from tests.testbed.run.cluster_procs import (
+    BIN,
+    WORLD_PYTHON,
+    free_port,
+    listening,
+    processes,
+    world_venv,
+)
 from tests.testbed.run.fake_runner import quiet
 
 LOOPBACK: dict[str, Any] = {
@@ -381,16 +388,13 @@ def test_a_worker_without_root_runs_a_shaped_unit_in_a_user_namespace(
     packages (the checkout's interpreter lives under /root). The client is root; the
     unit's topology runs in a user namespace of the worker's."""
     _root(tun=True)
-    world = shutil.which("python3.11", path="/usr/bin:/usr/local/bin")
-    if not all(shutil.which(t) for t in ("unshare", "mknod", "setpriv", "mount")) or not world:
-        pytest.skip("needs unshare, mknod, setpriv, mount and a /usr/bin/python3.11")
+    if not all(shutil.which(t) for t in ("unshare", "mknod", "setpriv", "mount")):
+        pytest.skip("needs unshare, mknod, setpriv and mount")
     if int(Path("/proc/sys/user/max_user_namespaces").read_text()) == 0:
         pytest.skip("no unprivileged user namespaces here")
-    venv = shared_dir / "venv"
-    subprocess.run([world, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
-    site = next((venv / "lib").glob("python3*/site-packages"))
-    ours = next((BIN.parent / "lib").glob("python3*/site-packages"))
-    (site / "checkout.pth").write_text(f"import site; site.addsitedir({str(ours)!r})\n")
+    python = world_venv(shared_dir)
+    if python is None:
+        pytest.skip(f"needs a /usr/bin/{WORLD_PYTHON}")
     home = shared_dir / "home"
     home.mkdir()
     os.chown(home, 65534, 65534)
@@ -404,7 +408,7 @@ def test_a_worker_without_root_runs_a_shaped_unit_in_a_user_namespace(
         procs.start("worker", [
             "unshare", "--mount", "--propagation", "private", "sh", "-c", TUN_0666, "sh",
             "env", "-i", "PATH=/usr/bin:/bin", f"HOME={home}", "LANG=C.UTF-8",
-            str(venv / "bin" / "python"), "-m", "testbed", "worker", address, "--lanes", "1"],
+            str(python), "-m", "testbed", "worker", address, "--lanes", "1"],
             cwd=home)
         procs.wait_for_log("worker", "worker: serving")
         assert "backend auto -> rootless (a user namespace per unit)" in procs.log("worker")
