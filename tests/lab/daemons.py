@@ -11,6 +11,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ def missing_daemons() -> list[str]:
     return [name for name, path in DAEMONS.items() if not shutil.which(path)]
 
 
-def wait_for_port(lab: Lab, host: LabHost, port: int, timeout_s: float = 60) -> None:
+def wait_for_port(host: LabHost, port: int, timeout_s: float = 60) -> None:
     """Until something listens on ``host``'s address:``port`` (asked from the host's own
     namespace)."""
     probe = ("import socket, sys, time\n"
@@ -46,12 +47,9 @@ def wait_for_port(lab: Lab, host: LabHost, port: int, timeout_s: float = 60) -> 
     done = subprocess.run(_in(host, "python3", "-c", probe), timeout=timeout_s + 30,
                           check=False)
     assert done.returncode == 0, f"{host.name}: nothing listens on {host.address}:{port}"
-    del lab
 
 
 def _in(host: LabHost, *argv: str) -> list[str]:
-    import sys
-
     return [sys.executable, "-m", "testbed.tools.in_netns", host.netns, *argv]
 
 
@@ -90,7 +88,7 @@ def start_sshds(ledger: Ledger, lab: Lab, hosts: Sequence[LabHost], directory: P
             "PrintMotd no\nX11Forwarding no\n")
         with (directory / f"sshd_{host.name}.log").open("ab") as log:
             start_in_host(ledger, lab, host, [SSHD, "-D", "-e", "-f", str(config)], log=log)
-        wait_for_port(lab, host, 22)
+        wait_for_port(host, 22)
     return Ssh(key)
 
 
@@ -160,7 +158,7 @@ def start_slurm(ledger: Ledger, lab: Lab, conf: Path, *, controller: LabHost,
     returns once the node is idle."""
     with (conf.parent / "slurmctld.out").open("ab") as log:
         start_in_host(ledger, lab, controller, ["slurmctld", "-D", "-f", str(conf)], log=log)
-    wait_for_port(lab, controller, 6817)
+    wait_for_port(controller, 6817)
     with (conf.parent / "slurmd.out").open("ab") as log:
         start_in_host(ledger, lab, node, [
             "unshare", "--mount", "--propagation", "private", "sh", "-c", TUN_0666_ROOT, "sh",
