@@ -9,10 +9,14 @@ from collections.abc import Callable
 from typing import Any
 
 NOBODY = 65534
-TUN_0666 = ("mount -t tmpfs -o mode=0755 tmpfs /dev/net && mknod -m 0666 /dev/net/tun c 10 200 "
+_TUN_NODE = "mount -t tmpfs -o mode=0755 tmpfs /dev/net && mknod -m 0666 /dev/net/tun c 10 200"
+TUN_0666 = (f"{_TUN_NODE} "
             f"&& exec setpriv --reuid={NOBODY} --regid={NOBODY} --clear-groups \"$@\"")
 """``sh -c`` script, run as root inside ``unshare --mount --propagation private``: a
 0666 TUN node over /dev/net (this host's own is 0600), then its arguments as nobody."""
+TUN_0666_ROOT = f'{_TUN_NODE} && exec "$@"'
+"""The same node, then its arguments still as root (a daemon whose children, such as
+a Slurm compute node's jobs, may open TUN devices as users, as on Debian)."""
 
 
 def as_nobody(fn: Callable[[], Any]) -> Any:

@@ -121,11 +121,16 @@ def _lanes(args: argparse.Namespace, out: Console, json_path: Path | None) -> An
     return _unless_written(json_path, result)
 
 
+def _worker_counts(text: str) -> tuple[int, ...]:
+    """``counts``, or ``none`` for no LocalCluster rows."""
+    return () if text.strip().lower() == "none" else counts(text)
+
+
 def _lanes_args(b: argparse.ArgumentParser) -> None:
     b.add_argument("--lanes", type=counts, default=(1, 2, 4, 8, 16), metavar="N,N",
                    help="local lane counts (default 1,2,4,8,16)")
-    b.add_argument("--workers", type=counts, default=(1, 2, 4), metavar="N,N",
-                   help="LocalCluster worker counts (default 1,2,4)")
+    b.add_argument("--workers", type=_worker_counts, default=(1, 2, 4), metavar="N,N",
+                   help="LocalCluster worker counts (default 1,2,4; none: local lanes only)")
     b.add_argument("--templates", type=positive_int, default=None, metavar="N",
                    help="templates (units) per run (default: the largest count)")
     b.add_argument("--emulator", choices=("shared", "per-lane"), default="shared",

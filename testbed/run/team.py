@@ -1,9 +1,9 @@
 """Controller side of the node processes: start them, configure them, drive them.
 
-One ``python -m nodes`` process per agent (plus ``central`` when asked), each started
-with ``trio.run_process`` inside the team's nursery, optionally inside a network
-namespace. Each node's control socket gets one persistent connection (one request at
-a time). Setup follows the two-step ``configure`` of docs/architecture.md: first every
+One ``python -m nodes`` process per agent (plus ``central`` when asked), forked by the
+team's zygote (testbed/run/node_spawner.py) and supervised in the team's nursery,
+optionally inside a network namespace. Each node's control socket gets one persistent
+connection (one request at a time). Setup follows the two-step ``configure`` of docs/architecture.md: first every
 node binds its data-plane port (port 0 in the roster), then every node receives the
 complete roster. ``reset_all`` starts a new episode cheaply (fresh store file, zeroed
 counters, closed pooled connections, new policy object) without restarting processes,
@@ -12,7 +12,7 @@ team's random incarnation and the episode label, and the whole roster is re-pinn
 every node (docs/architecture.md, "Threat model"), so nothing signed or handshaken in
 another episode, team or campaign verifies in this one.
 
-On exit the team asks each node to shut down, waits briefly, then lets trio terminate
+On exit the team asks each node to shut down, waits briefly, then terminates
 (SIGTERM, later SIGKILL) only the processes it started.
 """
 
@@ -24,8 +24,6 @@ import math
 import os
 import secrets
 import shutil
-import subprocess
-import sys
 import tempfile
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -46,6 +44,7 @@ from protocols.identity import CENTRAL_ID, Identity, Member, Roster
 from testbed.errors import RunFailure
 from testbed.host.ledger import Ledger
 from testbed.host.processes import cpu_seconds, is_running
+from testbed.run import node_spawner as spawning
 from testbed.run.liveness import Watched, watch_all
 from testbed.run.startup import STARTUP_FLOOR_S, StartupClock, measure_start_s, usable_cpus
 from testbed.run.startup import startup_timeout_s as startup_timeout
@@ -107,11 +106,6 @@ def key_owners(agents: Sequence[str], n_keys: int) -> dict[str, str]:
     return {key: agents[i % len(agents)] for i, key in enumerate(key_names(n_keys))}
 
 
-def _open_log(path: Path) -> int:
-    """A node's log file, opened for appending (stdout and stderr of the process)."""
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-
-
 def _source_root() -> str:
     """The directory holding the ``nodes`` package (so children import the same code)."""
     return str(Path(nodes.__file__).resolve().parents[1])
@@ -134,7 +128,7 @@ class _Node:
     control_path: str
     log_path: Path
     store_path: Path
-    process: trio.Process | None = None
+    process: trio.Process | spawning.ForkedProcess | None = None
     client: ControlClient | None = None
     heartbeat: ControlClient | None = None  # a second connection, for pings only
     unresponsive: bool = False
@@ -170,6 +164,7 @@ class Team:
     episodes_started: int = 0
     _nodes: dict[str, _Node] = field(default_factory=dict)
     _closing: bool = False
+    _spawner: spawning.NodeSpawner | None = None  # the nodes' zygote (None: exec each)
 
     # --- public ------------------------------------------------------------------------
     @property
@@ -359,23 +354,22 @@ class Team:
     async def _supervise(self, node: _Node, env: dict[str, str], *,
                          task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
                          ) -> None:
-        cmd = [sys.executable, "-m", "nodes", "--control", node.control_path,
-               "--log-level", "info", "--parent-pid", str(os.getpid())]
+        spawner = self._spawner  # a forked node's parent is the zygote (node_spawner.py)
+        args = ["--control", node.control_path, "--log-level", "info",
+                "--parent-pid", str(os.getpid() if spawner is None else spawner.pid)]
         for module in self.plugins:
-            cmd += ["--plugin", module]
+            args += ["--plugin", module]
         if node.netns is not None:
-            cmd += ["--netns", node.netns]
-        log_fd = _open_log(node.log_path)
+            args += ["--netns", node.netns]
         try:
             async with trio.open_nursery() as inner:
                 node.process = await inner.start(partial(
-                    trio.run_process, cmd, check=False, stdin=subprocess.DEVNULL,
-                    stdout=log_fd, stderr=log_fd, env=env))
+                    spawning.run_node, spawner, args, node.log_path, env,
+                    grace_s=SHUTDOWN_GRACE_S))
                 if self.ledger is not None:  # so that `clean` stops it if we are killed
                     self.ledger.record_process(node.process.pid)
                 task_status.started()
         finally:
-            os.close(log_fd)
             if self.ledger is not None and node.process is not None:
                 self.ledger.forget_process(node.process.pid)
         node.returncode = node.process.returncode
@@ -478,7 +472,8 @@ async def open_team(*, agents: Sequence[str], central: bool,
                                   workdir / "logs" / f"{name}.log",
                                   workdir / "stores" / f"{name}.sqlite")
     try:
-        async with trio.open_nursery() as nursery:
+        async with spawning.open_spawner(env, workdir / "logs" / "zygote.log", ledger=ledger) \
+                as team._spawner, trio.open_nursery() as nursery:
             try:
                 for node in team._nodes.values():
                     await nursery.start(team._supervise, node, env)

@@ -7,7 +7,8 @@ testbed is replaced). Without ``PF_TEST_HOOKS`` this file does nothing.
 
 ``PF_TEST_HOOKS`` = ``{"dir": STATE_DIR, FAULT: {...}, ...}``; each fault fires for the
 first ``times`` processes it matches (counted in STATE_DIR under a lock, across
-processes), and logs each firing as a line of ``STATE_DIR/FAULT.log``:
+processes), and logs each firing as a line of ``STATE_DIR/FAULT.log``. A node forked by a
+zygote (nodes/zygote.py) meets its faults when the zygote's child calls the node's main:
 
 - ``node_hang`` ``{"agent": "a0", "times": N}``: that node sleeps before it opens its
   control socket, until it is killed (a node that never starts).
@@ -47,6 +48,38 @@ def _arg(argv: list[str], flag: str) -> str | None:
     return argv[argv.index(flag) + 1] if flag in argv[:-1] else None
 
 
+def _node_faults(hooks: dict, state: str, argv: list[str]) -> None:  # type: ignore[type-arg]
+    """The node faults, for a node whose command line (after ``-m nodes``) is ARGV."""
+    control = _arg(argv, "--control") or ""
+    agent = os.path.basename(control).removesuffix(".sock")
+    hang = hooks.get("node_hang")
+    if hang and hang["agent"] == agent and _fire(state, "node_hang", hang["times"],
+                                                 control):
+        while True:
+            time.sleep(3600)
+    pin = hooks.get("pin_control_dir")
+    if pin and pin["agent"] == agent:
+        point = os.path.join(os.path.dirname(control), "pin")
+        if _fire(state, "pin_control_dir", pin["times"], point):
+            os.mkdir(point)
+            subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", point],
+                           check=True)
+
+
+def _fault_forked_nodes(hooks: dict, state: str) -> None:  # type: ignore[type-arg]
+    """In a node zygote (nodes/zygote.py) no node starts an interpreter: each forked
+    child calls ``nodes.__main__.main(argv)``, so the faults go in front of it."""
+    import nodes.__main__ as node_main
+
+    plain = node_main.main
+
+    def main(argv: list[str] | None = None) -> int:
+        _node_faults(hooks, state, list(argv or []))
+        return plain(argv)
+
+    node_main.main = main  # type: ignore[assignment]
+
+
 def _main() -> None:
     raw = os.environ.get("PF_TEST_HOOKS")
     if not raw:
@@ -56,20 +89,9 @@ def _main() -> None:
     argv = list(getattr(sys, "orig_argv", []))
     module = _arg(argv, "-m")
     if module == "nodes":
-        control = _arg(argv, "--control") or ""
-        agent = os.path.basename(control).removesuffix(".sock")
-        hang = hooks.get("node_hang")
-        if hang and hang["agent"] == agent and _fire(state, "node_hang", hang["times"],
-                                                     control):
-            while True:
-                time.sleep(3600)
-        pin = hooks.get("pin_control_dir")
-        if pin and pin["agent"] == agent:
-            point = os.path.join(os.path.dirname(control), "pin")
-            if _fire(state, "pin_control_dir", pin["times"], point):
-                os.mkdir(point)
-                subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", point],
-                               check=True)
+        _node_faults(hooks, state, argv)
+    elif module == "nodes.zygote":
+        _fault_forked_nodes(hooks, state)
     elif module == "testbed.links.emulator":
         crash = hooks.get("emulator_exit")
         if crash and _fire(state, "emulator_exit", crash["times"], str(os.getpid())):

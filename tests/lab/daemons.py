@@ -19,6 +19,7 @@ from pathlib import Path
 
 from testbed.host.ledger import Ledger
 from testbed.tools.lab_net import Lab, LabHost, start_in_host
+from tests.privileges import TUN_0666_ROOT
 
 SSHD = "/usr/sbin/sshd"
 DAEMONS = {"sshd": SSHD, "ssh": "ssh", "ssh-keygen": "ssh-keygen", "munged": "munged",
@@ -44,12 +45,13 @@ def wait_for_port(host: LabHost, port: int, timeout_s: float = 60) -> None:
              "    except OSError:\n"
              "        if time.monotonic() > end: sys.exit(1)\n"
              "        time.sleep(0.2)\n")
-    done = subprocess.run(_in(host, "python3", "-c", probe), timeout=timeout_s + 30,
+    done = subprocess.run(in_host(host, "python3", "-c", probe), timeout=timeout_s + 30,
                           check=False)
     assert done.returncode == 0, f"{host.name}: nothing listens on {host.address}:{port}"
 
 
-def _in(host: LabHost, *argv: str) -> list[str]:
+def in_host(host: LabHost, *argv: str) -> list[str]:
+    """``argv`` run inside ``host``'s namespace."""
     return [sys.executable, "-m", "testbed.tools.in_netns", host.netns, *argv]
 
 
@@ -145,13 +147,6 @@ def slurm_conf(directory: Path, *, controller: LabHost, node: LabHost, munge: Pa
     return conf
 
 
-TUN_0666_ROOT = ("mount -t tmpfs -o mode=0755 tmpfs /dev/net "
-                 "&& mknod -m 0666 /dev/net/tun c 10 200 && exec \"$@\"")
-"""``sh -c`` script for ``unshare --mount --propagation private``: a 0666 TUN node over
-/dev/net, then its arguments, still as root (a compute node whose users may open TUN
-devices, as on Debian; this machine's own node is 0600)."""
-
-
 def start_slurm(ledger: Ledger, lab: Lab, conf: Path, *, controller: LabHost,
                 node: LabHost) -> None:
     """slurmctld on ``controller``, slurmd on ``node`` (its jobs see a 0666 TUN node);
@@ -167,7 +162,7 @@ def start_slurm(ledger: Ledger, lab: Lab, conf: Path, *, controller: LabHost,
     deadline = time.monotonic() + 120
     state = ""
     while True:
-        done = subprocess.run(_in(controller, "sinfo", "-h", "-N", "-o", "%T"), env=env,
+        done = subprocess.run(in_host(controller, "sinfo", "-h", "-N", "-o", "%T"), env=env,
                               capture_output=True, text=True, timeout=60, check=False)
         state = done.stdout.strip()
         if state == "idle":

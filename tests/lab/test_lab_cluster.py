@@ -31,6 +31,7 @@ from testbed.tools.certs import make_certs
 from testbed.tools.lab_net import Lab, LabHost, open_lab, port_bytes, start_in_host
 from tests.lab.daemons import (
     Ssh,
+    in_host,
     missing_daemons,
     slurm_conf,
     start_munged,
@@ -76,10 +77,6 @@ def _certs(lab: Lab, directory: Path) -> Path:
     return certs
 
 
-def _in(host: LabHost, *argv: str) -> list[str]:
-    return [sys.executable, "-m", "testbed.tools.in_netns", host.netns, *argv]
-
-
 def _wait_for(path: Path, text: str, timeout_s: float = 180) -> None:
     deadline = time.monotonic() + timeout_s
     while text not in (path.read_text(errors="replace") if path.exists() else ""):
@@ -106,7 +103,7 @@ def _ssh_worker(ledger: Ledger, ssh: Ssh, client: LabHost, host: LabHost, worker
     log, pid_file = directory / f"worker-{host.name}.log", directory / f"worker-{host.name}.pid"
     remote = (f"cd {shlex.quote(str(directory))} || exit 1; nohup {shlex.join(worker)} "
               f"> {shlex.quote(str(log))} 2>&1 < /dev/null & echo $! > {shlex.quote(str(pid_file))}")
-    subprocess.run(_in(client, *ssh.argv(host, remote)), check=True, timeout=60)
+    subprocess.run(in_host(client, *ssh.argv(host, remote)), check=True, timeout=60)
     pid = int(pid_file.read_text())
     ledger.record_process(pid)
     _wait_for(log, "worker: serving")
@@ -167,7 +164,7 @@ def test_workers_started_over_ssh_on_two_hosts_run_a_shaped_campaign_over_tls(
                 "--local-directory", str(home / "scratch")], lab_dir)]
         try:
             before = port_bytes(lab)
-            run = subprocess.run(_in(ctl, str(BIN / "testbed"), "run", str(lab_dir / "c.toml"),
+            run = subprocess.run(in_host(ctl, str(BIN / "testbed"), "run", str(lab_dir / "c.toml"),
                                      "--out", str(lab_dir / "out"), "--cluster", address,
                                      "--cluster-config", str(certs / "client.toml")),
                                  cwd=lab_dir, capture_output=True, text=True, timeout=1800,
@@ -221,7 +218,7 @@ def test_slurm_jobs_submitted_by_dask_jobqueue_run_a_campaign_without_root(
             "testbed": str(BIN / "testbed"), "campaign": str(lab_dir / "c.toml"),
             "out": str(lab_dir / "out")}))
         driver = subprocess.run(
-            _in(ctl, sys.executable, str(Path(__file__).with_name("slurm_driver.py")),
+            in_host(ctl, sys.executable, str(Path(__file__).with_name("slurm_driver.py")),
                 str(config)), cwd=lab_dir, capture_output=True, text=True, timeout=2400,
             check=False, env={**os.environ, "SLURM_CONF": str(conf),
                               "PYTHONPATH": str(Path(__file__).parents[2])})
@@ -232,15 +229,14 @@ def test_slurm_jobs_submitted_by_dask_jobqueue_run_a_campaign_without_root(
         assert f"--uid={NOBODY}" in report["job_script"]
         assert report["scheduler"].startswith(f"tls://{ctl.address}:")
         # the close cancelled the job: the node is idle again, no job is left
-        queue = subprocess.run(_in(ctl, "squeue", "-h", "-o", "%i %u %T"), capture_output=True,
-                               text=True, timeout=60, check=False,
-                               env={**os.environ, "SLURM_CONF": str(conf)})
         deadline = time.monotonic() + 120
-        while queue.stdout.strip() and time.monotonic() < deadline:
-            time.sleep(2)
-            queue = subprocess.run(_in(ctl, "squeue", "-h", "-o", "%i %u %T"),
+        while True:
+            queue = subprocess.run(in_host(ctl, "squeue", "-h", "-o", "%i %u %T"),
                                    capture_output=True, text=True, timeout=60, check=False,
                                    env={**os.environ, "SLURM_CONF": str(conf)})
+            if not queue.stdout.strip() or time.monotonic() > deadline:
+                break
+            time.sleep(2)
         assert queue.stdout.strip() == "", queue.stdout
     manifest, episodes = _run_rows(lab_dir / "out")
     [summary] = manifest["execution"]["workers"].values()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -50,3 +51,32 @@ def test_a_probe_that_is_off_has_no_sampling_thread() -> None:
     probe.start()
     assert probe.sampler_tid is None
     probe.stop()
+
+
+def _samples_after(probe: SchedProbe, at_least: int, limit_s: float = 30.0) -> int:
+    deadline = time.monotonic() + limit_s
+    while probe.samples < at_least and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return probe.samples
+
+
+def test_the_sampling_thread_samples_only_inside_a_window() -> None:
+    probe = SchedProbe(period_ms=1.0)
+    probe.start()
+    try:
+        time.sleep(0.2)  # 200 periods before the first reset: none sampled
+        assert probe.samples == 0
+        assert not probe.sampling
+        probe.reset()
+        assert probe.sampling
+        assert _samples_after(probe, 5) >= 5
+        report = probe.report()
+        assert not probe.sampling
+        paused_at = probe.samples
+        time.sleep(0.2)  # at most the sample that was asleep when report paused it
+        assert probe.samples <= paused_at + 1
+        assert report["samples"] <= paused_at
+        probe.reset()  # the next window samples again, from zero
+        assert _samples_after(probe, 3) >= 3
+    finally:
+        probe.stop()

@@ -260,3 +260,9 @@ def test_spread_write_defaults_to_the_shipped_table() -> None:
 
     args = build_parser().parse_args(["spread", "somewhere", "--write"])
     assert Path(args.write) == SPREAD_TABLE
+
+
+def test_bench_lanes_can_leave_out_the_cluster_rows() -> None:
+    assert build_parser().parse_args(["bench", "lanes", "--workers", "none"]).workers == ()
+    assert build_parser().parse_args(["bench", "lanes", "--workers", "1,4"]).workers == (1, 4)
+    assert build_parser().parse_args(["bench", "lanes"]).workers == (1, 2, 4)

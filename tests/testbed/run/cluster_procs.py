@@ -23,7 +23,7 @@ under /root, which uid 65534 cannot enter)."""
 
 
 def world_venv(directory: Path) -> Path | None:
-    """A venv in ``directory`` that uid 65534 can run, on /usr/bin's python3.11, with this
+    """A venv in ``directory`` that uid 65534 can run, on a system python3.11, with this
     checkout's packages on its path; its python, or None where there is no such
     interpreter."""
     world = shutil.which(WORLD_PYTHON, path="/usr/bin:/usr/local/bin")

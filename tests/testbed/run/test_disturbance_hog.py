@@ -45,6 +45,10 @@ CAMPAIGN = {
 }
 
 CONTROLLER_RT_PRIORITY = 5
+#: A busy loop that dies with the test process (PR_SET_PDEATHSIG = 1), so a test run
+#: killed mid-arm leaves no real-time hog on the host (one did, 2026-12-02).
+HOG_CODE = ("import ctypes, signal; ctypes.CDLL(None).prctl(1, signal.SIGKILL)\n"
+            "while True: pass")
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not hasattr(os, "sched_setaffinity")
     or len(os.sched_getaffinity(0)) < 2,
@@ -88,7 +92,7 @@ def _team(group: Any) -> Team:
 
 @contextmanager
 def _hogs(cpu: int) -> Iterator[list[int]]:
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"],
+    procs = [subprocess.Popen([sys.executable, "-c", HOG_CODE],
                               stdin=subprocess.DEVNULL) for _ in range(HOGS)]
     try:
         for proc in procs:

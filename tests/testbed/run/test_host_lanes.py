@@ -4,8 +4,8 @@ Two real `testbed run` processes on loopback, started a moment apart and given o
 lane state directory of their own (``TESTBED_LANES_DIR``, so other runs on this host
 neither join nor disturb the test). A loopback cell holds the whole host, so the two
 runs' node processes must never be alive at the same time; a sampler watches /proc for
-each run's children (``python -m nodes``) every few milliseconds, which is evidence
-from outside the mechanism. A run killed with SIGKILL while it holds the host must not
+each run's node processes (``python -m nodes``, or forked by its zygote) every few
+milliseconds, which is evidence from outside the mechanism. A run killed with SIGKILL while it holds the host must not
 keep the other waiting.
 """
 
@@ -46,20 +46,23 @@ units = [16]
 
 
 def _node_children(pid: int) -> int:
-    """How many node processes PID has now (children running ``-m nodes``)."""
-    count = 0
+    """How many node processes PID has now: children running ``-m nodes``, and the
+    children of its node zygotes (``-m nodes.zygote``, testbed/run/node_spawner.py)."""
+    parents: dict[int, int] = {}
+    argv: dict[int, list[bytes]] = {}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
         try:
             stat = Path(entry.path, "stat").read_text()
-            if int(stat.rsplit(")", 1)[1].split()[1]) != pid:
-                continue
-            if b"nodes" in Path(entry.path, "cmdline").read_bytes().split(b"\0"):
-                count += 1
+            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+            argv[int(entry.name)] = Path(entry.path, "cmdline").read_bytes().split(b"\0")
         except (OSError, ValueError, IndexError):
             continue
-    return count
+    zygotes = {p for p, parent in parents.items()
+               if parent == pid and b"nodes.zygote" in argv.get(p, [])}
+    return sum(1 for p, parent in parents.items()
+               if (parent == pid and b"nodes" in argv.get(p, [])) or parent in zygotes)
 
 
 class Sampler:

@@ -1,0 +1,253 @@
+"""A team's node processes, forked by one zygote (``nodes/zygote.py``) instead of one
+interpreter start each.
+
+Rules this module obeys:
+
+1. :func:`open_spawner` starts ``python -m nodes.zygote`` inside the caller's nursery
+   (so in the team's namespaces and environment) with one end of a socket pair, and
+   stops it on exit by closing that socket. The zygote's own output goes to a log file.
+2. :meth:`NodeSpawner.spawn` asks for one node and returns a :class:`ForkedProcess`
+   once the zygote has forked it; requests are sent one at a time.
+3. A :class:`ForkedProcess` has the parts of ``trio.Process`` a team uses (``pid``,
+   ``returncode``, ``poll``, ``wait``, ``send_signal``, ``terminate``, ``kill``). Its
+   exit code is the zygote's report (rule 3 there). The node is not our child, so its
+   end is also watched through a pidfd: if the zygote is gone and cannot report, the
+   code is :data:`UNKNOWN_EXIT` once the process has ended.
+4. ``TESTBED_NODE_START=exec`` in the controller's environment starts every node as
+   its own interpreter, as before the zygote (the comparison in docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager, suppress
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from testbed.host.ledger import Ledger
+
+UNKNOWN_EXIT = 255
+REPORT_GRACE_S = 2.0
+ENV_NODE_START = "TESTBED_NODE_START"
+NODE_STARTS = ("fork", "exec")
+
+
+class SpawnError(Exception):
+    """The zygote could not start a node (it is gone, or the fork failed)."""
+
+
+def node_start_mode(environ: Mapping[str, str] | None = None) -> str:
+    value = (os.environ if environ is None else environ).get(ENV_NODE_START, "fork")
+    if value not in NODE_STARTS:
+        raise ValueError(f"{ENV_NODE_START}: {value!r}; allowed: {', '.join(NODE_STARTS)}")
+    return value
+
+
+class ForkedProcess:
+    """A node forked by the zygote (rule 3)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self._ended = trio.Event()
+        self._pidfd: int | None = None
+        try:
+            self._pidfd = os.pidfd_open(pid)
+        except OSError:  # already gone and reaped: the zygote's report will say how
+            self._pidfd = None
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def _set(self, code: int) -> None:
+        if self.returncode is None:
+            self.returncode = code
+        self._ended.set()
+        self._close_pidfd()
+
+    def _close_pidfd(self) -> None:
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+
+    async def wait(self) -> int:
+        await self._ended.wait()
+        assert self.returncode is not None
+        return self.returncode
+
+    async def watch(self) -> None:
+        """Until the process ends: then give the zygote REPORT_GRACE_S to report its
+        code, else record UNKNOWN_EXIT (rule 3)."""
+        if self._pidfd is not None:
+            await trio.lowlevel.wait_readable(self._pidfd)
+        with trio.move_on_after(REPORT_GRACE_S):
+            await self._ended.wait()
+        self._set(UNKNOWN_EXIT)
+
+    def send_signal(self, signum: int) -> None:
+        if self.returncode is None:
+            with suppress(ProcessLookupError):
+                os.kill(self.pid, signum)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+async def wait_or_stop(process: ForkedProcess, grace_s: float) -> None:
+    """Wait for PROCESS to end; cancelled first, SIGTERM it, then SIGKILL it after
+    ``grace_s`` (what ``trio.run_process`` does to the process it started)."""
+    try:
+        await process.wait()
+    finally:
+        if process.returncode is None:
+            with trio.CancelScope(shield=True):
+                for stop in (process.terminate, process.kill):
+                    stop()
+                    with trio.move_on_after(grace_s):
+                        await process.wait()
+                    if process.returncode is not None:
+                        break
+
+
+async def run_node(spawner: NodeSpawner | None, argv: Sequence[str], log_path: Path,
+                   env: Mapping[str, str], *, grace_s: float,
+                   task_status: trio.TaskStatus[ForkedProcess | trio.Process]
+                   = trio.TASK_STATUS_IGNORED) -> None:
+    """Start ``python -m nodes ARGV`` with its output appended to LOG_PATH, forked by
+    SPAWNER (None: its own interpreter, rule 4); hand over its process once started and
+    return when it has ended. Cancelled, it stops the process as ``trio.run_process``
+    does: SIGTERM, then SIGKILL after ``grace_s``."""
+    if spawner is not None:
+        process = await spawner.spawn(argv, log_path, env)
+        task_status.started(process)
+        await wait_or_stop(process, grace_s)
+        return
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        async with trio.open_nursery() as nursery:
+            task_status.started(await nursery.start(partial(
+                trio.run_process, [sys.executable, "-m", "nodes", *argv], check=False,
+                stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd, env=dict(env))))
+    finally:
+        os.close(log_fd)
+
+
+class NodeSpawner:
+    """The controller's end of one zygote (rules 1-2)."""
+
+    def __init__(self, stream: trio.SocketStream, nursery: trio.Nursery) -> None:
+        self._stream = stream
+        self._nursery = nursery
+        self._lock = trio.Lock()
+        self._replies_send, self._replies = trio.open_memory_channel[dict[str, Any]](1)
+        self._children: dict[int, ForkedProcess] = {}
+        self._early_exits: dict[int, int] = {}  # reported before spawn() saw the pid
+        self.process: trio.Process | None = None
+
+    @property
+    def pid(self) -> int:
+        """The zygote's process id: the parent of every node it forks."""
+        assert self.process is not None
+        return self.process.pid
+
+    async def spawn(self, argv: Sequence[str], log_path: Path,
+                    env: Mapping[str, str]) -> ForkedProcess:
+        request = {"argv": list(argv), "log": str(log_path), "env": dict(env)}
+        async with self._lock:
+            try:
+                await self._stream.send_all(json.dumps(request).encode() + b"\n")
+                reply = await self._replies.receive()
+            except (trio.BrokenResourceError, trio.ClosedResourceError,
+                    trio.EndOfChannel) as exc:
+                raise SpawnError(f"the node zygote is gone ({exc!r})") from None
+        if "pid" not in reply:
+            raise SpawnError(str(reply.get("error", reply)))
+        child = ForkedProcess(int(reply["pid"]))
+        self._children[child.pid] = child
+        if child.pid in self._early_exits:
+            child._set(self._early_exits.pop(child.pid))
+        else:
+            self._nursery.start_soon(child.watch)
+        return child
+
+    async def read_replies(self) -> None:
+        """Route the zygote's lines: fork replies to spawn(), exits to their process."""
+        pending = b""
+        try:
+            async with self._replies_send:
+                while True:
+                    try:
+                        data = await self._stream.receive_some(65536)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        return
+                    if not data:
+                        return
+                    pending += data
+                    while b"\n" in pending:
+                        line, pending = pending.split(b"\n", 1)
+                        message = json.loads(line)
+                        if "exit" in message:
+                            pid, code = int(message["exit"]), int(message["code"])
+                            child = self._children.get(pid)
+                            if child is None:
+                                self._early_exits[pid] = code
+                            else:
+                                child._set(code)
+                        else:
+                            await self._replies_send.send(message)
+        finally:
+            for child in self._children.values():  # no more reports: pidfds decide
+                if child.returncode is None and child._pidfd is None:
+                    child._set(UNKNOWN_EXIT)
+
+
+@asynccontextmanager
+async def open_spawner(env: Mapping[str, str], log_path: Path, *,
+                       ledger: Ledger | None = None) -> AsyncIterator[NodeSpawner | None]:
+    """Start a zygote in this process's namespaces with ENV; stop it on exit (rule 1).
+    With a ``ledger`` its pid is recorded there while it runs (``testbed clean``).
+    Yields None, and starts nothing, when ENV asks for ``exec`` (rule 4)."""
+    if node_start_mode(env) == "exec":
+        yield None
+        return
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    stream = trio.SocketStream(trio.socket.from_stdlib_socket(ours))
+    try:
+        async with trio.open_nursery() as nursery:
+            spawner = NodeSpawner(stream, nursery)
+            try:
+                spawner.process = await nursery.start(partial(
+                    trio.run_process,
+                    [sys.executable, "-m", "nodes.zygote", "--fd", str(theirs.fileno())],
+                    check=False, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
+                    env=dict(env), pass_fds=(theirs.fileno(),)))
+                theirs.close()
+                if ledger is not None:
+                    ledger.record_process(spawner.process.pid)
+                nursery.start_soon(spawner.read_replies)
+                yield spawner
+            finally:
+                await stream.aclose()  # the zygote exits (its rule 4)
+                if spawner.process is not None:
+                    with trio.move_on_after(5.0) as scope:
+                        scope.shield = True
+                        await spawner.process.wait()
+                    if ledger is not None:
+                        ledger.forget_process(spawner.process.pid)
+                nursery.cancel_scope.cancel()
+    finally:
+        theirs.close()
+        os.close(log_fd)

@@ -1,0 +1,144 @@
+"""The node zygote (nodes/zygote.py, testbed/run/node_spawner.py) with real processes:
+forked nodes serve their control socket, their ends are reported with subprocess's
+conventions, and nothing outlives the team or the zygote."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import trio
+
+from nodes.control import ControlClient
+from testbed.host.processes import is_running
+from testbed.run.node_spawner import (
+    ENV_NODE_START,
+    UNKNOWN_EXIT,
+    ForkedProcess,
+    NodeSpawner,
+    SpawnError,
+    node_start_mode,
+    open_spawner,
+)
+from testbed.run.team import open_team
+
+AGENTS = ["a0", "a1", "a2"]
+
+
+def _ppid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _text(path: Path) -> str:
+    return path.read_text()
+
+
+def _argv(pid: int) -> list[bytes]:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+
+
+def _env() -> dict[str, str]:
+    root = str(Path(__file__).resolve().parents[3])
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(
+        filter(None, [root, os.environ.get("PYTHONPATH")]))}
+
+
+async def _node(spawner: NodeSpawner, sock_dir: str, log: Path,
+                parent: int | None = None) -> tuple[ForkedProcess, str]:
+    control = os.path.join(sock_dir, "n.sock")
+    process = await spawner.spawn(
+        ["--control", control, "--parent-pid", str(parent or spawner.pid)], log, _env())
+    with trio.fail_after(60):
+        while True:
+            try:
+                client = await ControlClient.connect(control)
+                break
+            except OSError:
+                assert process.returncode is None, _text(log)
+                await trio.sleep(0.02)
+    try:
+        assert (await client.request("ping"))["ok"] is True
+    finally:
+        await client.aclose()
+    return process, control
+
+
+async def test_a_team_runs_on_forked_nodes_and_leaves_nothing(tmp_path: Path) -> None:
+    pids: list[int] = []
+    async with open_team(agents=AGENTS, central=False,
+                         hosts={a: (None, "127.0.0.1") for a in AGENTS}, workdir=tmp_path,
+                         campaign_seed=5, connection="reuse", policy="planfence") as team:
+        assert team._spawner is not None
+        zygote = team._spawner.pid
+        assert _ppid(zygote) == os.getpid()
+        for agent in AGENTS:
+            pid = team.pid(agent)
+            assert pid is not None
+            assert _ppid(pid) == zygote  # forked by the team's zygote, not started here
+            pids.append(pid)
+        assert len(await team.each_call("ping")) == len(AGENTS)
+        await team.reset_all(episode="e1")  # an episode's reset works on forked nodes
+    for pid in [*pids, zygote]:
+        assert not is_running(pid, None)
+    assert "control socket ready" in (tmp_path / "logs" / "a0.log").read_text()
+
+
+async def test_exit_codes_are_reported_as_subprocess_reports_them(tmp_path: Path) -> None:
+    async with open_spawner(_env(), tmp_path / "zygote.log") as spawner:
+        # bad arguments: the node's own argparse error goes to its log, exit status 2
+        bad = await spawner.spawn(["--log-level", "loud"], tmp_path / "bad.log", _env())
+        with trio.fail_after(60):
+            assert await bad.wait() == 2
+        assert "--log-level" in (tmp_path / "bad.log").read_text()
+        sock_dir = tempfile.mkdtemp(prefix="tb-zy-")  # short: a socket path is < 108 bytes
+        try:
+            node, _ = await _node(spawner, sock_dir, tmp_path / "n.log")
+            node.kill()
+            with trio.fail_after(60):
+                assert await node.wait() == -signal.SIGKILL
+        finally:
+            shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+async def test_a_killed_zygote_takes_its_nodes_with_it(tmp_path: Path) -> None:
+    sock_dir = tempfile.mkdtemp(prefix="tb-zy-")
+    try:
+        async with open_spawner(_env(), tmp_path / "zygote.log") as spawner:
+            node, _ = await _node(spawner, sock_dir, tmp_path / "n.log")
+            os.kill(spawner.pid, signal.SIGKILL)
+            with trio.fail_after(60):  # the node sees its parent gone and stops
+                assert await node.wait() == UNKNOWN_EXIT  # nobody left to report it
+            assert not is_running(node.pid, None)
+            assert "parent process" in (tmp_path / "n.log").read_text()
+            with pytest.raises(SpawnError, match="zygote is gone"):
+                await spawner.spawn(["--control", "x"], tmp_path / "late.log", _env())
+    finally:
+        shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+def test_the_start_mode_is_fork_unless_asked_and_checked() -> None:
+    assert node_start_mode({}) == "fork"
+    assert node_start_mode({ENV_NODE_START: "exec"}) == "exec"
+    with pytest.raises(ValueError, match=f"{ENV_NODE_START}: 'spawn'; allowed: fork, exec"):
+        node_start_mode({ENV_NODE_START: "spawn"})
+
+
+async def test_exec_mode_starts_each_node_as_its_own_interpreter(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV_NODE_START, "exec")
+    async with open_team(agents=AGENTS[:2], central=False,
+                         hosts={a: (None, "127.0.0.1") for a in AGENTS[:2]},
+                         workdir=tmp_path, campaign_seed=5, connection="reuse",
+                         policy="planfence") as team:
+        assert team._spawner is None
+        for agent in AGENTS[:2]:
+            pid = team.pid(agent)
+            assert pid is not None
+            assert _ppid(pid) == os.getpid()
+            argv = _argv(pid)
+            assert argv[:3] == [sys.executable.encode(), b"-m", b"nodes"]
