@@ -1,6 +1,9 @@
 """Suite-wide settings and pytest hooks.
 
-The suite's runs share a host-lane state of their own (below).
+The suite's runs share a host-lane state of their own (below), and its dask workers a
+scratch directory of their own (``DASK_TEMPORARY_DIRECTORY``, set before any test module
+imports dask, and removed at the end): without it they left empty
+``/tmp/dask-scratch-space`` directories (``-65534`` for the rootless workers) behind.
 
 
 pytest-trio re-raises a ``pytest.skip(reason)`` from inside an async test as a bare
@@ -12,6 +15,9 @@ reason is taken back from the original exception here.
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +25,17 @@ import pytest
 from _pytest.outcomes import Skipped
 
 from testbed.host.lanes import DIR_ENV
+
+_DASK_SCRATCH: str | None = None
+if "DASK_TEMPORARY_DIRECTORY" not in os.environ:
+    _DASK_SCRATCH = tempfile.mkdtemp(prefix="pf-suite-dask-")
+    os.chmod(_DASK_SCRATCH, 0o1777)  # like /tmp: the rootless workers run as uid 65534
+    os.environ["DASK_TEMPORARY_DIRECTORY"] = _DASK_SCRATCH
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _DASK_SCRATCH is not None:
+        shutil.rmtree(_DASK_SCRATCH, ignore_errors=True)
 
 
 def _inner_skip_reason(exc: BaseException | None) -> str | None:
