@@ -408,7 +408,8 @@ def test_a_worker_without_root_runs_a_shaped_unit_in_a_user_namespace(
         procs.start("worker", [
             "unshare", "--mount", "--propagation", "private", "sh", "-c", TUN_0666, "sh",
             "env", "-i", "PATH=/usr/bin:/bin", f"HOME={home}", "LANG=C.UTF-8",
-            str(python), "-m", "testbed", "worker", address, "--lanes", "1"],
+            str(python), "-m", "testbed", "worker", address, "--lanes", "1",
+            "--local-directory", str(home / "dask")],  # env -i drops the suite's
             cwd=home)
         procs.wait_for_log("worker", "worker: serving")
         assert "backend auto -> rootless (a user namespace per unit)" in procs.log("worker")
