@@ -78,6 +78,10 @@ class StreamResult:
     receiver_gaps: tuple[tuple[int, int], ...] = ()
     """Sequence ranges [first, end) of missing datagrams among which the receiver dropped
     some (between two arrivals whose drop counts differ, or after the last arrival)."""
+    warmups_sent: int = 0
+    warmups_received: int = 0
+    """Warm-up datagrams sent and received: the ones lost crossed (or died at) the link
+    before the stream, so a link's drop counter read around the call includes them."""
 
     @property
     def received(self) -> set[int]:
@@ -132,6 +136,7 @@ def udp_stream(src: Host, dst: Host, *, count: int, per_burst: int = 1,
     done = threading.Event()
     stop = threading.Event()  # the receiver outlived its time: it must end before rx closes
     warmed = threading.Event()  # a warm-up datagram arrived: the path is resolved
+    warmups = [0, 0]  # warm-up datagrams sent, received
     collecting = gc.isenabled()
     try:
         try:
@@ -169,6 +174,7 @@ def udp_stream(src: Host, dst: Host, *, count: int, per_burst: int = 1,
                         (dropped,) = _U32.unpack_from(raw)
                 seq, _ = _STAMP.unpack_from(data)
                 if seq == WARMUP_SEQ:
+                    warmups[1] += 1
                     warmed.set()
                     continue
                 arrivals.append((seq, stamp))
@@ -181,6 +187,7 @@ def udp_stream(src: Host, dst: Host, *, count: int, per_burst: int = 1,
         give_up = time.monotonic() + wait_s
         while warm_up and not warmed.is_set() and time.monotonic() < give_up:
             tx.sendto(warmup_datagram, target)
+            warmups[0] += 1
             warmed.wait(WARMUP_EVERY_S)
         start = time.monotonic()
         seq = 0
@@ -208,7 +215,8 @@ def udp_stream(src: Host, dst: Host, *, count: int, per_burst: int = 1,
         tx.close()
         rx.close()
     return StreamResult(count, list(arrivals), send_times, receiver_drops,
-                        _receiver_gaps(arrivals, drops_at, receiver_drops, count))
+                        _receiver_gaps(arrivals, drops_at, receiver_drops, count),
+                        warmups[0], warmups[1])
 
 
 def _socket_drops(rx: socket.socket, drops_at: list[int]) -> int:

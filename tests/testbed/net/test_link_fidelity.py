@@ -179,10 +179,14 @@ async def test_iid_loss_of_5_percent_within_a_binomial_bound(backend: str) -> No
     lost = got.link_lost
     bound = 3.29 * math.sqrt(n * 0.05 * 0.95)  # two-sided 99.9 %
     assert abs(lost - 0.05 * n) <= bound, (lost, bound, got.receiver_drops, health)
-    # what the receiver missed less its own drops is what the link counted as dropped
-    # (give or take the namespaces' own chatter over the lossy uplink)
+    # what the receiver missed less its own drops is what the link counted as dropped,
+    # give or take the namespaces' own chatter over the lossy uplink, plus the warm-up
+    # datagrams it dropped (the counters are read around the warm-up too: a slow guest
+    # sent enough of them to lose 6, CI 39)
     link_drops = after["a"]["up_drops"] - before["a"]["up_drops"]
-    assert abs(link_drops - lost) <= 3, (link_drops, lost, got.receiver_drops)
+    warmups_lost = got.warmups_sent - got.warmups_received
+    assert -3 <= link_drops - lost <= warmups_lost + 3, (
+        link_drops, lost, got.warmups_sent, got.warmups_received, got.receiver_drops)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
