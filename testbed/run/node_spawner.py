@@ -59,7 +59,7 @@ class ForkedProcess:
         self.pid = pid
         self.returncode: int | None = None
         self._ended = trio.Event()
-        self._pidfd: int | None = None
+        self._pidfd: int | None
         try:
             self._pidfd = os.pidfd_open(pid)
         except OSError:  # already gone and reaped: the zygote's report will say how
@@ -76,6 +76,9 @@ class ForkedProcess:
 
     def _close_pidfd(self) -> None:
         if self._pidfd is not None:
+            # watch() may be waiting on it: wake it first, or trio would keep a waiter
+            # on a number the next pidfd can reuse (then BusyResourceError there)
+            trio.lowlevel.notify_closing(self._pidfd)
             os.close(self._pidfd)
             self._pidfd = None
 
@@ -88,7 +91,10 @@ class ForkedProcess:
         """Until the process ends: then give the zygote REPORT_GRACE_S to report its
         code, else record UNKNOWN_EXIT (rule 3)."""
         if self._pidfd is not None:
-            await trio.lowlevel.wait_readable(self._pidfd)
+            try:
+                await trio.lowlevel.wait_readable(self._pidfd)
+            except trio.ClosedResourceError:
+                return  # the zygote's report came first and closed the pidfd
         with trio.move_on_after(REPORT_GRACE_S):
             await self._ended.wait()
         self._set(UNKNOWN_EXIT)

@@ -142,3 +142,28 @@ async def test_exec_mode_starts_each_node_as_its_own_interpreter(
             assert _ppid(pid) == os.getpid()
             argv = _argv(pid)
             assert argv[:3] == [sys.executable.encode(), b"-m", b"nodes"]
+
+
+
+async def test_a_report_before_the_pidfd_wakes_its_watcher_and_frees_the_number() -> None:
+    """The zygote's report can come before the pidfd is readable: closing the pidfd
+    then must end its watcher, and the next pidfd, which reuses the number, must be
+    waitable (else trio still holds the old waiter on it: BusyResourceError)."""
+    sleeper = await trio.lowlevel.open_process(["sleep", "60"])
+    try:
+        first = ForkedProcess(sleeper.pid)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(first.watch)
+            await trio.sleep(0.05)  # the watcher waits on the pidfd
+            first._set(0)  # the report: the process is still running
+            with trio.fail_after(10):
+                await first.wait()
+            second = ForkedProcess(sleeper.pid)  # the freed number, most likely
+            nursery.start_soon(second.watch)
+            await trio.sleep(0.05)
+            sleeper.kill()
+            with trio.fail_after(30):
+                assert await second.wait() == UNKNOWN_EXIT  # no zygote reports it
+    finally:
+        sleeper.kill()
+        await sleeper.wait()
