@@ -42,6 +42,22 @@ from collections.abc import Sequence
 from typing import Any
 
 
+def encode(message: dict[str, Any]) -> bytes:
+    """One message on the zygote's socket: a JSON object on a line (rule 1)."""
+    return json.dumps(message).encode() + b"\n"
+
+
+def decode(pending: bytes) -> tuple[list[dict[str, Any]], bytes]:
+    """The complete messages at the front of PENDING, and the incomplete rest."""
+    *lines, rest = pending.split(b"\n")
+    return [json.loads(line) for line in lines], rest
+
+
+def open_log(path: str | os.PathLike[str]) -> int:
+    """A node's (or the zygote's) log file, opened for appending."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+
 def _preload() -> None:
     """Import what every node imports before it serves (``nodes.__main__``)."""
     import trio  # noqa: F401
@@ -59,7 +75,7 @@ def _child(request: dict[str, Any], closing: Sequence[int]) -> None:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         for fd in closing:
             os.close(fd)
-        log_fd = os.open(str(request["log"]), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        log_fd = open_log(str(request["log"]))
         null_fd = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null_fd, 0)
         os.dup2(log_fd, 1)
@@ -101,7 +117,7 @@ def serve(sock: socket.socket) -> None:
     pending = b""
 
     def send(message: dict[str, Any]) -> None:
-        sock.sendall(json.dumps(message).encode() + b"\n")
+        sock.sendall(encode(message))
 
     def reap() -> None:
         while True:
@@ -129,10 +145,8 @@ def serve(sock: socket.socket) -> None:
             data = sock.recv(65536)
             if not data:
                 return  # rule 4
-            pending += data
-            while b"\n" in pending:
-                line, pending = pending.split(b"\n", 1)
-                request = json.loads(line)
+            requests, pending = decode(pending + data)
+            for request in requests:
                 sys.stdout.flush()
                 sys.stderr.flush()
                 try:

@@ -19,7 +19,6 @@ Rules this module obeys:
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -33,6 +32,7 @@ from typing import Any
 
 import trio
 
+from nodes.zygote import decode, encode, open_log
 from testbed.host.ledger import Ledger
 
 UNKNOWN_EXIT = 255
@@ -140,7 +140,7 @@ async def run_node(spawner: NodeSpawner | None, argv: Sequence[str], log_path: P
         task_status.started(process)
         await wait_or_stop(process, grace_s)
         return
-    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    log_fd = open_log(log_path)
     try:
         async with trio.open_nursery() as nursery:
             task_status.started(await nursery.start(partial(
@@ -173,7 +173,7 @@ class NodeSpawner:
         request = {"argv": list(argv), "log": str(log_path), "env": dict(env)}
         async with self._lock:
             try:
-                await self._stream.send_all(json.dumps(request).encode() + b"\n")
+                await self._stream.send_all(encode(request))
                 reply = await self._replies.receive()
             except (trio.BrokenResourceError, trio.ClosedResourceError,
                     trio.EndOfChannel) as exc:
@@ -200,10 +200,8 @@ class NodeSpawner:
                         return
                     if not data:
                         return
-                    pending += data
-                    while b"\n" in pending:
-                        line, pending = pending.split(b"\n", 1)
-                        message = json.loads(line)
+                    messages, pending = decode(pending + data)
+                    for message in messages:
                         if "exit" in message:
                             pid, code = int(message["exit"]), int(message["code"])
                             child = self._children.get(pid)
@@ -229,7 +227,7 @@ async def open_spawner(env: Mapping[str, str], log_path: Path, *,
         yield None
         return
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    log_fd = open_log(log_path)
     stream = trio.SocketStream(trio.socket.from_stdlib_socket(ours))
     try:
         async with trio.open_nursery() as nursery:
