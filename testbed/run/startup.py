@@ -14,9 +14,8 @@ Rules:
    :data:`STARTUP_CAP_S`.
 3. A measurement serves this process for :data:`MEASUREMENT_TTL_S`, and teams that
    start together wait for one probe (16 lanes once ran 11 probes at once, 4.9 s of
-   CPU in the start-up burst); a team that failed
-   to start drops it (:func:`forget_measurement`), so its retry is timed against the
-   host as it is then.
+   CPU in the start-up burst); a team that failed to start drops it
+   (:func:`forget_measurement`), so its retry is timed against the host as it is then.
 4. The load can grow after the measurement (the suite beside other suites measured
    0.4 s, then its nodes took over 15 s). So the limit is where a node is *asked*
    whether it is still starting, not where it is failed: past it, a node whose CPU time
@@ -74,9 +73,6 @@ async def measure_start_s(env: Mapping[str, str]) -> float:
     cached value while it is fresh, rule 3). A probe that outlives PROBE_LIMIT_S counts
     as that long; one that fails still measured the start (the nodes' own start then
     shows the error)."""
-    fresh = _fresh_measurement()
-    if fresh is not None:
-        return fresh
     async with _probe_lock():  # the lanes of a run start their teams at once: one probe
         fresh = _fresh_measurement()
         return fresh if fresh is not None else await _probe(env)

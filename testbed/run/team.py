@@ -3,9 +3,9 @@
 One ``python -m nodes`` process per agent (plus ``central`` when asked), forked by the
 team's zygote (testbed/run/node_spawner.py) and supervised in the team's nursery,
 optionally inside a network namespace. Each node's control socket gets one persistent
-connection (one request at a time). Setup follows the two-step ``configure`` of docs/architecture.md: first every
-node binds its data-plane port (port 0 in the roster), then every node receives the
-complete roster. ``reset_all`` starts a new episode cheaply (fresh store file, zeroed
+connection (one request at a time). Setup follows the two-step ``configure`` of
+docs/architecture.md: first every node binds its data-plane port (port 0 in the
+roster), then every node receives the complete roster. ``reset_all`` starts a new episode cheaply (fresh store file, zeroed
 counters, closed pooled connections, new policy object) without restarting processes,
 and binds the episode: every member's key is derived from the campaign seed, this
 team's random incarnation and the episode label, and the whole roster is re-pinned at
