@@ -11,7 +11,8 @@ at a lower real-time priority during the hog arm: otherwise every other task on 
 crowds onto the remaining CPUs with it, and on a busy host its own pings to the nodes
 went unanswered for 4.5 s (a hog-arm failure in CI beside a campaign). The margins are
 wide: the verdict's threshold is 5% of stall (at least 0.5 ms per action); the hog arm
-waits for the CPU several times longer than it runs. Needs root and two CPUs; the hog
+waits for the CPU several times longer than it runs. The quiet arm is a reference, not
+a claim that the host is quiet: it may itself be flagged (steal, other load). Needs root and two CPUs; the hog
 runs for a few seconds and is stopped by pid.
 """
 
@@ -154,9 +155,12 @@ async def _compare(campaign: Campaign, cell: Cell, template: str, cpus: set[int]
     print("disturbed, runq ms/action, wait share, stall ms/action, reason:", *report, sep="\n")
     assert all(r.episode["disturbed"] for r in hogged), report
     assert all("runq_wait" in r.episode["disturbed_reason"] for r in hogged), report
-    # the quiet arm has no run-queue wait to speak of; it may still be disturbed by what
-    # no test controls and the verdict rightly reports (this machine is itself a guest:
-    # its hypervisor stole 16-28% of the CPU in the quiet arm of one run)
-    assert not any("runq_wait" in r.episode["disturbed_reason"] for r in quiet), report
+    # The quiet arm is compared, not required to be clean: it may be disturbed by what no
+    # test controls, and the verdict rightly says so. This machine is itself a guest; in
+    # CI 41 its hypervisor stole 37-39% of the CPU during the quiet arm, and the quiet
+    # episodes waited 6.5 ms per action in the run queue (12% of runnable time), over the
+    # verdict's threshold, against 2,500 ms (98%) with the hog. What the hog must cause is
+    # a wait that dominates the nodes' runnable time and dwarfs the quiet arm's.
+    assert all(wait_share(r) > 0.5 for r in hogged), report
     assert min(runq_per_action(r) for r in hogged) > 10 * max(
         runq_per_action(r) for r in quiet), report
