@@ -7,15 +7,20 @@ Rules of this module:
 - It creates what it is asked to and nothing else; recording what a run created (so
   it can be removed after a crash) is :mod:`testbed.host.ledger`'s job, and callers
   record *before* they create.
-- Work that must happen *inside* a namespace (sysctls, sockets) runs on a short-lived
-  dedicated thread that enters the namespace with ``setns``; worker threads of a pool are
-  never moved, so they cannot leak into a namespace.
+- Work that must happen *inside* a namespace (sysctls, sockets, netlink) runs on a
+  short-lived dedicated thread that enters the namespace with ``setns``; worker threads
+  of a pool are never moved, so they cannot leak into a namespace. A new namespace is
+  made the same way (a thread unshares and the namespace is bind-mounted from its
+  /proc/TID entry). pyroute2's own ``netns=`` and ``netns.create`` fork a helper of this
+  process for each call instead: 20-35 ms of CPU each in a controller of 16 lanes, 15
+  times per team (docs/benchmarks.md, "A team's start").
 - Kernel failures are raised as :class:`KernelError`, an ``OSError`` that keeps the errno
   and is a :class:`testbed.errors.HostError` (the host refused).
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import fcntl
 import os
@@ -40,10 +45,13 @@ TEST_NET_LEN = 15
 _TUNSETIFF = 0x400454CA
 _IFF_TUN = 0x0001
 _IFF_NO_PI = 0x1000
+_CLONE_NEWNET = 0x40000000
+_LIBC = ctypes.CDLL(None, use_errno=True)
 GONE_ERRNOS = (errno.ENOENT, errno.ENODEV, errno.ESRCH, errno.EINVAL)
 HELPER_TIMEOUT_S = 60
-"""pyroute2 creates a namespace, and opens netlink inside one, in a helper process it
-forks, and gives that helper 2 s to answer; on a loaded host, and in the VM lane's
+"""pyroute2's ``netns.create`` and ``IPRoute(netns=...)`` fork a helper process (this
+module no longer calls them; the netem backend and the lab tools still do) and give it
+2 s to answer; on a loaded host, and in the VM lane's
 TCG guest beside a busy host, fork and answer took longer and the call failed as a
 TimeoutError, which has no errno (EIO here). A kernel call that slow is slow, not
 failed: the helper gets this long."""
@@ -82,10 +90,19 @@ def list_netns() -> list[str]:
 
 
 def create_netns(name: str) -> None:
-    """Create a namespace mounted at /var/run/netns/NAME (as `ip netns add` does)."""
+    """Create a namespace mounted at /var/run/netns/NAME (as `ip netns add` does): a
+    fresh thread unshares its network namespace and pyroute2 bind-mounts it by the
+    thread's id."""
     if name in pr_netns.listnetns():
         raise KernelError(errno.EEXIST, f"create netns {name}")
-    kernel_call(f"create netns {name}", lambda: pr_netns.create(name))
+
+    def make() -> None:
+        if _LIBC.unshare(_CLONE_NEWNET) != 0:
+            raise KernelError(ctypes.get_errno(), f"create netns {name}: unshare")
+        kernel_call(f"create netns {name}",
+                    lambda: pr_netns.attach(name, threading.get_native_id()))
+
+    _on_fresh_thread(f"netns-new-{name}", make)
 
 
 def remove_netns(name: str) -> bool:
@@ -101,39 +118,49 @@ def remove_netns(name: str) -> bool:
     return True
 
 
-def _ipr(netns: str | None) -> IPRoute:
-    if netns is None:
-        return IPRoute()
-    return kernel_call(f"open netlink in {netns}", lambda: IPRoute(netns=netns))
+def with_netlink(netns: str | None, fn: Callable[[IPRoute], T]) -> T:
+    """FN(ipr) with a netlink socket of NETNS (None: this thread's namespace), opened on
+    a thread inside NETNS and closed after."""
+    def body() -> T:
+        with kernel_call(f"open netlink in {netns or 'this namespace'}", IPRoute) as ipr:
+            return fn(ipr)
+
+    return body() if netns is None else run_in_netns(netns, body)
 
 
 def link_index(ifname: str, netns: str | None = None) -> int | None:
-    with _ipr(netns) as ipr:
-        found = kernel_call(f"lookup {ifname}", lambda: ipr.link_lookup(ifname=ifname))
+    found = with_netlink(netns, lambda ipr: kernel_call(
+        f"lookup {ifname}", lambda: ipr.link_lookup(ifname=ifname)))
     return int(found[0]) if found else None
 
 
 def list_links(netns: str | None = None) -> list[str]:
-    with _ipr(netns) as ipr:
-        links = kernel_call("list links", lambda: ipr.get_links())
-        return [str(link.get_attr("IFLA_IFNAME")) for link in links]
+    links = with_netlink(netns, lambda ipr: kernel_call("list links", ipr.get_links))
+    return [str(link.get_attr("IFLA_IFNAME")) for link in links]
 
 
 def remove_link(ifname: str, netns: str | None = None) -> bool:
     """Delete a link; False if it (or its namespace) was already gone."""
     if netns is not None and netns not in pr_netns.listnetns():
         return False
+
+    def delete(ipr: IPRoute) -> bool:
+        found = ipr.link_lookup(ifname=ifname)
+        if not found:
+            return False
+        ipr.link("del", index=found[0])
+        return True
+
     try:
-        with _ipr(netns) as ipr:
-            found = ipr.link_lookup(ifname=ifname)
-            if not found:
-                return False
-            ipr.link("del", index=found[0])
+        return with_netlink(netns, delete)
     except NetlinkError as exc:
         if exc.code in GONE_ERRNOS:
             return False
         raise KernelError(int(exc.code), f"delete link {ifname}") from exc
-    return True
+    except KernelError as exc:
+        if exc.errno in GONE_ERRNOS:  # the namespace went between the check and setns
+            return False
+        raise
 
 
 def open_tun(ifname: str) -> int:
@@ -169,35 +196,41 @@ def move_link(ifname: str, netns: str) -> None:
 
 def set_link_up(ifname: str, netns: str | None = None) -> None:
     """Bring IFNAME up (in NETNS, or in this process's namespace)."""
-    with _ipr(netns) as ipr:
+    def up(ipr: IPRoute) -> None:
         found = kernel_call(f"lookup {ifname}", lambda: ipr.link_lookup(ifname=ifname))
         if not found:
             raise KernelError(errno.ENODEV, f"set {ifname} up")
         kernel_call(f"set {ifname} up", lambda: ipr.link("set", index=found[0], state="up"))
 
+    with_netlink(netns, up)
+
 
 def configure_host_link(netns: str, ifname: str, address: str, *, mtu: int = 1500) -> None:
     """Inside NETNS: lo up, IFNAME up with ADDRESS/32 and 198.18.0.0/15 routed through it."""
-    with _ipr(netns) as ipr:
-        lo = kernel_call("lookup lo", lambda: ipr.link_lookup(ifname="lo"))[0]
-        kernel_call(f"{netns}: set lo up", lambda: ipr.link("set", index=lo, state="up"))
-        idx = kernel_call(f"lookup {ifname}", lambda: ipr.link_lookup(ifname=ifname))
-        if not idx:
-            raise KernelError(errno.ENODEV, f"{netns}: configure {ifname}")
-        index = idx[0]
-        kernel_call(
-            f"{netns}: set {ifname} mtu {mtu}",
-            lambda: ipr.link("set", index=index, mtu=mtu),
-        )
-        kernel_call(
-            f"{netns}: add {address}/32 to {ifname}",
-            lambda: ipr.addr("add", index=index, address=address, prefixlen=32),
-        )
-        kernel_call(f"{netns}: set {ifname} up", lambda: ipr.link("set", index=index, state="up"))
-        kernel_call(
-            f"{netns}: route {TEST_NET}/{TEST_NET_LEN} via {ifname}",
-            lambda: ipr.route("add", dst=TEST_NET, dst_len=TEST_NET_LEN, oif=index),
-        )
+    with_netlink(netns, lambda ipr: _configure_host_link(ipr, netns, ifname, address, mtu))
+
+
+def _configure_host_link(ipr: IPRoute, netns: str, ifname: str, address: str, mtu: int
+                         ) -> None:
+    lo = kernel_call("lookup lo", lambda: ipr.link_lookup(ifname="lo"))[0]
+    kernel_call(f"{netns}: set lo up", lambda: ipr.link("set", index=lo, state="up"))
+    idx = kernel_call(f"lookup {ifname}", lambda: ipr.link_lookup(ifname=ifname))
+    if not idx:
+        raise KernelError(errno.ENODEV, f"{netns}: configure {ifname}")
+    index = idx[0]
+    kernel_call(
+        f"{netns}: set {ifname} mtu {mtu}",
+        lambda: ipr.link("set", index=index, mtu=mtu),
+    )
+    kernel_call(
+        f"{netns}: add {address}/32 to {ifname}",
+        lambda: ipr.addr("add", index=index, address=address, prefixlen=32),
+    )
+    kernel_call(f"{netns}: set {ifname} up", lambda: ipr.link("set", index=index, state="up"))
+    kernel_call(
+        f"{netns}: route {TEST_NET}/{TEST_NET_LEN} via {ifname}",
+        lambda: ipr.route("add", dst=TEST_NET, dst_len=TEST_NET_LEN, oif=index),
+    )
 
 
 # ---------------------------------------------------------------- work inside a namespace
@@ -205,20 +238,29 @@ def configure_host_link(netns: str, ifname: str, address: str, *, mtu: int = 150
 
 def run_in_netns(netns: str, fn: Callable[[], T]) -> T:
     """Run FN on a fresh thread that has entered NETNS (the calling thread never moves)."""
+    def body() -> T:
+        try:
+            pr_netns.setns(netns, flags=0)
+        except OSError as exc:
+            raise KernelError(exc.errno or errno.EIO, f"setns {netns}") from exc
+        return fn()
+
+    return _on_fresh_thread(f"netns-{netns}", body)
+
+
+def _on_fresh_thread(name: str, fn: Callable[[], T]) -> T:
+    """FN's result (or its exception) from a new thread that ends with it: a thread whose
+    namespace FN changed is never reused."""
     result: list[T] = []
     failure: list[BaseException] = []
 
     def body() -> None:
         try:
-            try:
-                pr_netns.setns(netns, flags=0)
-            except OSError as exc:
-                raise KernelError(exc.errno or errno.EIO, f"setns {netns}") from exc
             result.append(fn())
         except BaseException as exc:
             failure.append(exc)
 
-    thread = threading.Thread(target=body, name=f"netns-{netns}", daemon=True)
+    thread = threading.Thread(target=body, name=name, daemon=True)
     thread.start()
     thread.join()
     if failure:

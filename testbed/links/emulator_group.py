@@ -36,7 +36,9 @@ from protocols import wire
 from protocols.errors import RemoteProtocolError
 from testbed.links.core import EmulatorCore, HostLinks
 from testbed.links.linklog import EXTRA_SUFFIX, LOG_SUFFIX, LinkLog
+from testbed.links.memo import ByIdentity, ByKey
 from testbed.links.model import DirectionSpec, LinkQueue
+from testbed.links.opportunities import Opportunities
 
 CONTROL_MAX_FRAME_BYTES = 64 * 1024 * 1024
 LATE_BIN_US = 25
@@ -59,21 +61,42 @@ def new_decoder() -> wire.FrameDecoder:
     return wire.FrameDecoder(max_frame_bytes=CONTROL_MAX_FRAME_BYTES)
 
 
+#: Stamps on the wire: packed int64, once per stamp tuple (the controller's side) and
+#: back once per distinct byte string (the emulator's side).
+_stamps_to_wire: ByIdentity[tuple[int, ...], bytes] = ByIdentity(
+    lambda stamps: array.array("q", stamps).tobytes())
+_stamps_from_wire: ByKey[bytes, tuple[int, ...]] = ByKey()
+
+
 def spec_to_wire(spec: DirectionSpec) -> dict[str, Any]:
     # not dataclasses.asdict: it deep-copies the (long) stamp tuple
     d = {f.name: getattr(spec, f.name) for f in fields(spec) if f.name != "stamps_ms"}
     stamps = spec.stamps_ms
-    d["stamps"] = None if stamps is None else array.array("q", stamps).tobytes()
+    d["stamps"] = None if stamps is None else _stamps_to_wire(stamps)
     return d
 
 
 def _spec_from_wire(d: dict[str, Any]) -> DirectionSpec:
     raw = d.pop("stamps")
-    stamps = None if raw is None else tuple(array.array("q", raw))
+    stamps = None if raw is None else _stamps_from_wire.get(
+        bytes(raw), lambda: tuple(array.array("q", raw)))
     for key in ("gilbert", "delay_steps"):
         if d.get(key) is not None:
             d[key] = tuple(tuple(x) if isinstance(x, list) else x for x in d[key])
     return DirectionSpec(stamps_ms=stamps, **d)
+
+
+#: A trace's opportunity schedule at an offset, shared by every group of this emulator
+#: that replays it (a schedule is immutable; building one costs 25 ms for AT&T's
+#: downlink).
+_schedules: ByKey[tuple[bytes, int, float], Opportunities | None] = ByKey()
+
+
+def _opportunities(wire_spec: Mapping[str, Any], spec: DirectionSpec) -> Opportunities | None:
+    raw = wire_spec.get("stamps")
+    if raw is None or spec.period_ms is None:
+        return spec.opportunities()
+    return _schedules.get((bytes(raw), spec.period_ms, spec.offset_ms), spec.opportunities)
 
 
 def _now_ms() -> float:
@@ -84,7 +107,8 @@ def _build_core(msg: dict[str, Any], fd_map: Mapping[int, int] | None,
                 ) -> tuple[EmulatorCore, list[int], list[DirectionSpec]]:
     seed = int(msg["seed"])
     specs = [_spec_from_wire(dict(d)) for d in msg["specs"]]
-    opportunities = [spec.opportunities() for spec in specs]  # immutable: shared
+    opportunities = [_opportunities(d, spec)  # immutable: shared
+                     for d, spec in zip(msg["specs"], specs, strict=True)]
     hosts: list[HostLinks] = []
     fds: list[int] = []
     now = _now_ms()

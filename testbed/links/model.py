@@ -56,6 +56,7 @@ from typing import Any
 
 from testbed.links.disciplines import Codel, GilbertElliott
 from testbed.links.linklog import LinkLog
+from testbed.links.memo import ByIdentity
 from testbed.links.opportunities import (
     DelaySteps,
     Opportunities,
@@ -405,6 +406,11 @@ class DirectionSpec:
         )
 
 
+#: A trace's stamps as Python ints, once per (read-only, cached) trace array.
+_stamp_tuple: ByIdentity[Any, tuple[int, ...]] = ByIdentity(
+    lambda stamps: tuple(int(s) for s in stamps.tolist()))
+
+
 def direction_spec(link: Any, direction: str, *, offset_ms: float = 0.0) -> DirectionSpec:
     """DirectionSpec of one direction ("up"/"down") of a linkspec.LinkSpec.
 
@@ -422,7 +428,7 @@ def direction_spec(link: Any, direction: str, *, offset_ms: float = 0.0) -> Dire
     period: int | None = None
     if side.trace is not None:
         trace = load_trace_ref(side.trace, "up" if direction == "up" else "down")
-        stamps = tuple(int(s) for s in trace.stamps_ms.tolist())
+        stamps = _stamp_tuple(trace.stamps_ms)
         period = int(trace.period_ms)
     steps = None
     if side.delay_trace is not None:

@@ -59,6 +59,35 @@ def test_ledger_removes_in_reverse_and_forgets_its_state_file(ledger: ledger_mod
     assert not ledger.path.exists()
 
 
+def test_a_team_host_is_set_up_and_removed_without_forking(ledger: ledger_mod.Ledger) -> None:
+    """Namespaces and netlink inside them take a thread, not a forked helper: pyroute2's
+    `netns=` forks this (large) process for each call, 20-35 ms of CPU each."""
+    forks: list[int] = []
+    os.register_at_fork(before=lambda: forks.append(threading.get_native_id()))
+    name = f"{ledger.prefix}-nofork"
+    ifname = f"{ledger.prefix}t9"
+    ledger.record_netns(name)
+    kernel.create_netns(name)
+    ledger.record_link(ifname, name)
+    fd = kernel.open_tun(ifname)
+    try:
+        kernel.move_link(ifname, name)
+        kernel.configure_host_link(name, ifname, "198.18.0.9")
+        kernel.set_sysctl(name, "net.ipv4.tcp_no_metrics_save", "1")
+        assert kernel.link_index(ifname, name) is not None
+        assert kernel.link_index(ifname) is None  # not in this thread's namespace
+        assert kernel.remove_link(ifname, name) is True
+        assert kernel.remove_link(ifname, name) is False
+    finally:
+        os.close(fd)
+    ledger.teardown()
+    assert name not in kernel.list_netns()
+    assert forks == []
+    with pytest.raises(kernel.KernelError) as info:
+        kernel.link_index("lo", name)  # the namespace is gone: setns names it
+    assert info.value.errno == errno.ENOENT
+
+
 def test_ledger_refuses_names_without_its_prefix(ledger: ledger_mod.Ledger) -> None:
     with pytest.raises(ValueError, match="prefix"):
         ledger.record_netns("somebody-elses")
