@@ -72,6 +72,15 @@ class LocalEngine:
     async def run(self, units: Sequence[WorkUnit], campaign: Campaign, *,
                   on_start: OnStart, on_outcome: OnOutcome,
                   on_failure: OnFailure | None = None) -> None:
+        # one node zygote for every team of these lanes, if the runner starts teams
+        share = getattr(self.runner, "one_zygote", None)
+        async with share() if share is not None else contextlib.nullcontext():
+            await self._run(units, campaign, on_start=on_start, on_outcome=on_outcome,
+                            on_failure=on_failure)
+
+    async def _run(self, units: Sequence[WorkUnit], campaign: Campaign, *,
+                   on_start: OnStart, on_outcome: OnOutcome,
+                   on_failure: OnFailure | None) -> None:
         queue = list(units) if self.jobs == 1 else [u for u in units if u.unshaped]
 
         async def lane() -> None:

@@ -63,6 +63,7 @@ from testbed.run.contract import EpisodeAborted, EpisodeResult
 from testbed.run.disturbance import HostSample, episode_disturbance
 from testbed.run.live import run_live_task
 from testbed.run.model_access import ModelAccess, needs_central_host, open_model_access
+from testbed.run.node_spawner import one_zygote_for_all
 from testbed.run.prepare import start_episode
 from testbed.run.team import (
     NodeDied,
@@ -342,6 +343,29 @@ class EpisodeRunner:
         self.groups: list[TeamGroup] = []
 
     @asynccontextmanager
+    async def one_zygote(self) -> AsyncIterator[None]:
+        """Teams opened inside (by this task and the lanes it starts) fork their nodes
+        from one zygote (testbed/run/node_spawner.py, rule 5)."""
+        logs = self._new_workdir("planfence")  # a workdir of its own: the log
+        try:
+            async with one_zygote_for_all(logs / "zygote.log", ledger=self.ledger):
+                yield
+        finally:
+            self._remove_workdir(logs)
+
+    def _new_workdir(self, kind: str) -> Path:
+        """A temporary directory of KIND (one of the ledger's ``TMPDIR_KINDS``)."""
+        if self.ledger is not None:  # recorded before it is made
+            return self.ledger.new_tmpdir(kind, self.workdir_root)
+        return Path(tempfile.mkdtemp(prefix=f"{kind}-", dir=self.workdir_root))
+
+    def _remove_workdir(self, path: Path) -> None:
+        if self.ledger is not None:
+            self.ledger.remove_tmpdir(path)
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+
+    @asynccontextmanager
     async def open_group(self, key: GroupKey, cells: Sequence[Cell]) -> AsyncIterator[TeamGroup]:
         options = self.campaign.options
         profile = self.campaign.network_profile(key.network)
@@ -350,8 +374,7 @@ class EpisodeRunner:
         first_schedule = self.campaign.schedule(first, self.campaign.templates[0])
         agents = list(first_schedule.agents)
         ledger = self.ledger
-        workdir = (ledger.new_tmpdir("planfence", self.workdir_root) if ledger is not None
-                   else Path(tempfile.mkdtemp(prefix="planfence-", dir=self.workdir_root)))
+        workdir = self._new_workdir("planfence")
         try:
             central = key.central or needs_central_host(self.campaign)
             async with open_topology(profile, agents, central=central,
@@ -379,7 +402,4 @@ class EpisodeRunner:
                         self.groups.append(group)
                         yield group
         finally:
-            if ledger is not None:
-                ledger.remove_tmpdir(workdir)
-            else:
-                shutil.rmtree(workdir, ignore_errors=True)
+            self._remove_workdir(workdir)

@@ -15,6 +15,13 @@ Rules this module obeys:
    code is :data:`UNKNOWN_EXIT` once the process has ended.
 4. ``TESTBED_NODE_START=exec`` in the controller's environment starts every node as
    its own interpreter, as before the zygote (the comparison in docs/benchmarks.md).
+5. :func:`one_zygote_for_all` opens one zygote for every team opened inside its scope
+   (by the calling task and the tasks it starts: lanes), so 16 lanes pay for one zygote
+   instead of one per team (0.25-0.35 s of CPU each; docs/benchmarks.md, "A team's
+   start"). A team uses it while it runs (:func:`shared_spawner`) and opens its own
+   otherwise, so a zygote that died costs no more than the teams it was serving.
+   A zygote serves one trio run: a dask worker's lanes, each in a thread with a loop of
+   its own, keep a zygote per team.
 """
 
 from __future__ import annotations
@@ -26,12 +33,14 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
+from contextvars import ContextVar
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import trio
 
+import nodes
 from nodes.zygote import decode, encode, open_log
 from testbed.host.ledger import Ledger
 
@@ -150,16 +159,28 @@ async def run_node(spawner: NodeSpawner | None, argv: Sequence[str], log_path: P
         os.close(log_fd)
 
 
+def node_environment() -> dict[str, str]:
+    """The environment of node processes: this one's, with the directory that holds the
+    ``nodes`` package first on PYTHONPATH (so children import the same code)."""
+    env = dict(os.environ)
+    source_root = str(Path(nodes.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [source_root, env.get("PYTHONPATH")]))
+    return env
+
+
 class NodeSpawner:
     """The controller's end of one zygote (rules 1-2)."""
 
-    def __init__(self, stream: trio.SocketStream, nursery: trio.Nursery) -> None:
+    def __init__(self, stream: trio.SocketStream, nursery: trio.Nursery,
+                 env: Mapping[str, str]) -> None:
+        self.env = dict(env)  # the zygote's own environment (rule 5 compares it)
         self._stream = stream
         self._nursery = nursery
         self._lock = trio.Lock()
         self._replies_send, self._replies = trio.open_memory_channel[dict[str, Any]](1)
         self._children: dict[int, ForkedProcess] = {}
         self._early_exits: dict[int, int] = {}  # reported before spawn() saw the pid
+        self._closed = False  # the zygote's socket ended
         self.process: trio.Process | None = None
 
     @property
@@ -167,6 +188,11 @@ class NodeSpawner:
         """The zygote's process id: the parent of every node it forks."""
         assert self.process is not None
         return self.process.pid
+
+    @property
+    def alive(self) -> bool:
+        return (self.process is not None and self.process.returncode is None
+                and not self._closed)
 
     async def spawn(self, argv: Sequence[str], log_path: Path,
                     env: Mapping[str, str]) -> ForkedProcess:
@@ -204,7 +230,7 @@ class NodeSpawner:
                     for message in messages:
                         if "exit" in message:
                             pid, code = int(message["exit"]), int(message["code"])
-                            child = self._children.get(pid)
+                            child = self._children.pop(pid, None)
                             if child is None:
                                 self._early_exits[pid] = code
                             else:
@@ -212,6 +238,7 @@ class NodeSpawner:
                         else:
                             await self._replies_send.send(message)
         finally:
+            self._closed = True
             for child in self._children.values():  # no more reports: pidfds decide
                 if child.returncode is None and child._pidfd is None:
                     child._set(UNKNOWN_EXIT)
@@ -231,7 +258,7 @@ async def open_spawner(env: Mapping[str, str], log_path: Path, *,
     stream = trio.SocketStream(trio.socket.from_stdlib_socket(ours))
     try:
         async with trio.open_nursery() as nursery:
-            spawner = NodeSpawner(stream, nursery)
+            spawner = NodeSpawner(stream, nursery, env)
             try:
                 spawner.process = await nursery.start(partial(
                     trio.run_process,
@@ -255,3 +282,27 @@ async def open_spawner(env: Mapping[str, str], log_path: Path, *,
     finally:
         theirs.close()
         os.close(log_fd)
+
+
+_SHARED: ContextVar[NodeSpawner | None] = ContextVar("testbed_node_zygote", default=None)
+
+
+@asynccontextmanager
+async def one_zygote_for_all(log_path: Path, *, ledger: Ledger | None = None
+                             ) -> AsyncIterator[None]:
+    """One zygote for the teams opened inside (rule 5); nothing with ``exec`` (rule 4)."""
+    async with open_spawner(node_environment(), log_path, ledger=ledger) as spawner:
+        token = _SHARED.set(spawner)
+        try:
+            yield
+        finally:
+            _SHARED.reset(token)
+
+
+def shared_spawner(env: Mapping[str, str]) -> NodeSpawner | None:
+    """The zygote of the enclosing :func:`one_zygote_for_all`, if it runs and was started
+    with ENV (rule 5)."""
+    spawner = _SHARED.get()
+    if spawner is None or not spawner.alive or spawner.env != dict(env):
+        return None
+    return spawner

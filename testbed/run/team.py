@@ -35,7 +35,6 @@ from typing import Any, TypeVar
 
 import trio
 
-import nodes
 from nodes.control import ControlClient
 from nodes.store import DURABILITY_MODES
 from nodes.transport import CONNECTION_SETTINGS, Connection
@@ -104,11 +103,6 @@ def key_owners(agents: Sequence[str], n_keys: int) -> dict[str, str]:
     if not agents:
         raise ValueError("agents: at least one agent is needed")
     return {key: agents[i % len(agents)] for i, key in enumerate(key_names(n_keys))}
-
-
-def _source_root() -> str:
-    """The directory holding the ``nodes`` package (so children import the same code)."""
-    return str(Path(nodes.__file__).resolve().parents[1])
 
 
 def _make_dirs(*paths: Path) -> None:
@@ -462,8 +456,7 @@ async def open_team(*, agents: Sequence[str], central: bool,
     # Short: Unix socket paths are < 108 bytes.
     sock_dir = str(ledger.new_tmpdir("pft-ctl")) if ledger is not None \
         else tempfile.mkdtemp(prefix="pft-ctl-")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_source_root(), env.get("PYTHONPATH")]))
+    env = spawning.node_environment()
     team.startup_timeout_s = startup_timeout_s if startup_timeout_s is not None else \
         startup_timeout(await measure_start_s(env), len(members), usable_cpus())
     for name in members:
@@ -472,8 +465,10 @@ async def open_team(*, agents: Sequence[str], central: bool,
                                   workdir / "logs" / f"{name}.log",
                                   workdir / "stores" / f"{name}.sqlite")
     try:
-        async with spawning.open_spawner(env, workdir / "logs" / "zygote.log", ledger=ledger) \
-                as team._spawner, trio.open_nursery() as nursery:
+        shared = spawning.shared_spawner(env)
+        async with (contextlib.nullcontext(shared) if shared is not None else
+                    spawning.open_spawner(env, workdir / "logs" / "zygote.log", ledger=ledger)
+                    ) as team._spawner, trio.open_nursery() as nursery:
             try:
                 for node in team._nodes.values():
                     await nursery.start(team._supervise, node, env)

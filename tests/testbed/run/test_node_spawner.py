@@ -23,6 +23,7 @@ from testbed.run.node_spawner import (
     NodeSpawner,
     SpawnError,
     node_start_mode,
+    one_zygote_for_all,
     open_spawner,
 )
 from testbed.run.team import open_team
@@ -119,6 +120,46 @@ async def test_a_killed_zygote_takes_its_nodes_with_it(tmp_path: Path) -> None:
                 await spawner.spawn(["--control", "x"], tmp_path / "late.log", _env())
     finally:
         shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+async def _team_zygote(tmp_path: Path, name: str) -> tuple[int, list[int]]:
+    """Open a team, check it answers, and return its zygote and node pids."""
+    async with open_team(agents=AGENTS, central=False,
+                         hosts={a: (None, "127.0.0.1") for a in AGENTS},
+                         workdir=tmp_path / name, campaign_seed=5, connection="reuse",
+                         policy="planfence") as team:
+        assert team._spawner is not None
+        assert len(await team.each_call("ping")) == len(AGENTS)
+        pids = [team.pid(a) or 0 for a in AGENTS]
+        assert all(_ppid(pid) == team._spawner.pid for pid in pids)
+        return team._spawner.pid, pids
+
+
+async def test_teams_inside_one_zygote_for_all_share_it_and_a_dead_one_is_replaced(
+        tmp_path: Path) -> None:
+    async with one_zygote_for_all(tmp_path / "zygote.log"):
+        first, nodes_1 = await _team_zygote(tmp_path, "t1")
+        results: list[tuple[int, list[int]]] = []
+        async with trio.open_nursery() as lanes:  # lanes started inside see it too
+            for name in ("t2", "t3"):
+                lanes.start_soon(lambda n=name: _collect(results, tmp_path, n))
+        assert {zygote for zygote, _ in results} == {first}
+        assert is_running(first, None)  # it outlives the teams it served
+        for pid in nodes_1 + [p for _, pids in results for p in pids]:
+            assert not is_running(pid, None)  # each team's nodes ended with the team
+        os.kill(first, signal.SIGKILL)
+        with trio.fail_after(30):
+            while is_running(first, None):
+                await trio.sleep(0.02)
+        replaced, _ = await _team_zygote(tmp_path, "t4")  # a zygote of its own
+        assert replaced != first
+        assert not is_running(replaced, None)
+    outside, _ = await _team_zygote(tmp_path, "t5")
+    assert outside not in (first, replaced)
+
+
+async def _collect(results: list[tuple[int, list[int]]], tmp_path: Path, name: str) -> None:
+    results.append(await _team_zygote(tmp_path, name))
 
 
 def test_the_start_mode_is_fork_unless_asked_and_checked() -> None:
