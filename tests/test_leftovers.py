@@ -19,8 +19,11 @@ FOREIGN = """
 import os, sys, time
 from testbed.host import kernel
 from testbed.host.ledger import Ledger
+parent = os.getpid()
 if os.fork():
     os._exit(0)  # the grandchild is reparented: no descendant of the test
+while os.getppid() == parent:  # not yet: on a busy host the exit can come after our ledger
+    time.sleep(0.01)
 os.setsid()
 ledger = Ledger(sys.argv[1])
 ledger.record_netns(sys.argv[1] + "-x")
