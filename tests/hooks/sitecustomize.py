@@ -16,7 +16,10 @@ zygote (nodes/zygote.py) meets its faults when the zygote's child calls the node
   its team's control-socket directory, so removing the directory fails (EBUSY), as a
   teardown error does; the log line is the mount point (the test unmounts it).
 - ``emulator_exit`` ``{"after_s": S, "times": N}``: a link emulator process exits with
-  status 70 S seconds after it started (the emulator dies mid-run).
+  status 70 S seconds after it started (the emulator dies mid-run); with
+  ``"after_file": NAME``, S seconds after STATE_DIR/NAME appears (a test writes it when
+  an episode starts, so the emulator dies under that episode however long the team took
+  to start).
 """
 
 from __future__ import annotations
@@ -96,7 +99,10 @@ def _main() -> None:
         crash = hooks.get("emulator_exit")
         if crash and _fire(state, "emulator_exit", crash["times"], str(os.getpid())):
             def exit_later() -> None:
-                time.sleep(float(crash["after_s"]))
+                if crash.get("after_file"):
+                    while not os.path.exists(os.path.join(state, crash["after_file"])):
+                        time.sleep(0.02)
+                time.sleep(float(crash.get("after_s", 0.0)))
                 os._exit(70)
 
             threading.Thread(target=exit_later, daemon=True).start()

@@ -10,7 +10,8 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -187,18 +188,43 @@ async def test_a_unit_that_never_starts_records_every_attempt_it_owed_as_aborted
 # ------------------------------------------------------------- an emulator that dies
 
 
+class _MarksEpisodes(EpisodeRunner):
+    """The real runner; its groups write MARK when an episode starts."""
+
+    def __init__(self, campaign: Any, mark: Path, **options: Any) -> None:
+        super().__init__(campaign, **options)
+        self.mark = mark
+
+    @asynccontextmanager
+    async def open_group(self, key: Any, cells: Any) -> AsyncIterator[Any]:
+        async with super().open_group(key, cells) as group:
+            run = group.run_episode
+
+            async def run_episode(cell: Any, schedule: Any) -> Any:
+                self.mark.touch()
+                return await run(cell, schedule)
+
+            group.run_episode = run_episode  # type: ignore[method-assign]
+            yield group
+
+
 @pytest.mark.privileged
 async def test_an_emulator_that_dies_aborts_the_episode_under_it_and_the_unit_goes_on(
         tmp_path: Path, hooks: Any) -> None:
     _root(tun=True)
-    state = hooks(emulator_exit={"after_s": 2.0, "times": 1})
+    # The emulator dies once the first episode is under way. A fixed 2 s after the
+    # emulator's start was not enough on a busy host: in CI 44 the team took longer to
+    # start, the emulator died before any episode, and the retried start ran them all.
+    state = hooks(emulator_exit={"after_file": "episode-started", "after_s": 0.05,
+                                 "times": 1})
     raw = {**TWO_GROUPS, "templates": 3,
            "options": {**TWO_GROUPS["options"], "rpc_timeout_s": 1},
            "grid": {**TWO_GROUPS["grid"], "network": ["fixed"], "agents": [2]}}
     campaign = parse_campaign(raw)
     out = tmp_path / "out"
     summary = await run_campaign(campaign, out, resume=False, console=quiet(),
-                                 runner=EpisodeRunner(campaign, backend="userspace"))
+                                 runner=_MarksEpisodes(campaign, state / "episode-started",
+                                                       backend="userspace"))
     episodes = _episodes(out)
     assert len(_fired(state, "emulator_exit")) == 1
     aborted = episodes[episodes["aborted"]]
