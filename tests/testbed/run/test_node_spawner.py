@@ -22,6 +22,7 @@ from testbed.run.node_spawner import (
     ForkedProcess,
     NodeSpawner,
     SpawnError,
+    node_environment,
     node_start_mode,
     one_zygote_for_all,
     open_spawner,
@@ -44,9 +45,7 @@ def _argv(pid: int) -> list[bytes]:
 
 
 def _env() -> dict[str, str]:
-    root = str(Path(__file__).resolve().parents[3])
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(
-        filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    return node_environment()
 
 
 async def _node(spawner: NodeSpawner, sock_dir: str, log: Path,
