@@ -289,14 +289,7 @@ class UserspaceLinks:
 
 def _setup_tun(ledger: Ledger, host: LinkHost, ifname: str) -> int:
     ledger.record_link(ifname, host.netns)
-    fd = kernel.open_tun(ifname)
-    try:
-        kernel.move_link(ifname, host.netns)
-        kernel.configure_host_link(host.netns, ifname, host.address)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    return kernel.open_host_tun(host.netns, ifname, host.address)
 
 
 @asynccontextmanager

@@ -7,7 +7,12 @@ Rules this module obeys:
    (so in the team's namespaces and environment) with one end of a socket pair, and
    stops it on exit by closing that socket. The zygote's own output goes to a log file.
 2. :meth:`NodeSpawner.spawn` asks for one node and returns a :class:`ForkedProcess`
-   once the zygote has forked it; requests are sent one at a time.
+   once the zygote has forked it. Requests are pipelined: each is sent whole (its send
+   shielded, so a cancelled caller cannot leave half a request) and waits for its own
+   reply; the zygote answers in request order, so replies are matched first in, first
+   out. With 16 lanes opening 80 nodes at once, one request at a time cost a round trip
+   each (a median 0.14 s wait per node on a busy host; docs/benchmarks.md). A reply
+   whose caller was cancelled meanwhile is a node nobody owns: it is killed.
 3. A :class:`ForkedProcess` has the parts of ``trio.Process`` a team uses (``pid``,
    ``returncode``, ``poll``, ``wait``, ``send_signal``, ``terminate``, ``kill``). Its
    exit code is the zygote's report (rule 3 there). The node is not our child, so its
@@ -21,16 +26,19 @@ Rules this module obeys:
    start"). A team uses it while it runs (:func:`shared_spawner`) and opens its own
    otherwise, so a zygote that died costs no more than the teams it was serving.
    A zygote serves one trio run: a dask worker's lanes, each in a thread with a loop of
-   its own, keep a zygote per team.
+   its own, keep a zygote per team. The start probe (startup.py) runs while the scope
+   opens, not when 16 teams ask for it at once.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
+from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from contextvars import ContextVar
@@ -43,6 +51,9 @@ import trio
 import nodes
 from nodes.zygote import decode, encode, open_log
 from testbed.host.ledger import Ledger
+from testbed.run.startup import measure_start_s
+
+log = logging.getLogger(__name__)
 
 UNKNOWN_EXIT = 255
 REPORT_GRACE_S = 2.0
@@ -168,6 +179,15 @@ def node_environment() -> dict[str, str]:
     return env
 
 
+class _Pending:
+    """One request sent to the zygote, waiting for its reply (rule 2)."""
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.reply: dict[str, Any] | None = None  # None: the zygote is gone
+        self.abandoned = False  # its caller was cancelled
+
+
 class NodeSpawner:
     """The controller's end of one zygote (rules 1-2)."""
 
@@ -176,8 +196,8 @@ class NodeSpawner:
         self.env = dict(env)  # the zygote's own environment (rule 5 compares it)
         self._stream = stream
         self._nursery = nursery
-        self._lock = trio.Lock()
-        self._replies_send, self._replies = trio.open_memory_channel[dict[str, Any]](1)
+        self._send_lock = trio.Lock()
+        self._pending: deque[_Pending] = deque()
         self._children: dict[int, ForkedProcess] = {}
         self._early_exits: dict[int, int] = {}  # reported before spawn() saw the pid
         self._closed = False  # the zygote's socket ended
@@ -196,17 +216,32 @@ class NodeSpawner:
 
     async def spawn(self, argv: Sequence[str], log_path: Path,
                     env: Mapping[str, str]) -> ForkedProcess:
-        request = {"argv": list(argv), "log": str(log_path), "env": dict(env)}
-        async with self._lock:
-            try:
-                await self._stream.send_all(encode(request))
-                reply = await self._replies.receive()
-            except (trio.BrokenResourceError, trio.ClosedResourceError,
-                    trio.EndOfChannel) as exc:
-                raise SpawnError(f"the node zygote is gone ({exc!r})") from None
+        request = encode({"argv": list(argv), "log": str(log_path), "env": dict(env)})
+        pending = _Pending()
+        with trio.CancelScope(shield=True):  # a request is sent whole or not at all
+            async with self._send_lock:
+                if self._closed:
+                    raise SpawnError("the node zygote is gone (its socket closed)")
+                self._pending.append(pending)
+                try:
+                    await self._stream.send_all(request)
+                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                    self._pending.remove(pending)
+                    raise SpawnError(f"the node zygote is gone ({exc!r})") from None
+        try:
+            await pending.done.wait()
+        except BaseException:
+            pending.abandoned = True  # read_replies kills the node it names
+            raise
+        reply = pending.reply
+        if reply is None:
+            raise SpawnError("the node zygote is gone (it ended before answering)")
         if "pid" not in reply:
             raise SpawnError(str(reply.get("error", reply)))
-        child = ForkedProcess(int(reply["pid"]))
+        return self._adopt(int(reply["pid"]))
+
+    def _adopt(self, pid: int) -> ForkedProcess:
+        child = ForkedProcess(pid)
         self._children[child.pid] = child
         if child.pid in self._early_exits:
             child._set(self._early_exits.pop(child.pid))
@@ -214,31 +249,44 @@ class NodeSpawner:
             self._nursery.start_soon(child.watch)
         return child
 
+    def _answer(self, message: dict[str, Any]) -> None:
+        """A fork reply: to the oldest request (rule 2); an abandoned one's node is
+        killed, and its exit is still collected like any other."""
+        if not self._pending:
+            log.warning("the node zygote answered a request nobody sent: %r", message)
+            return
+        pending = self._pending.popleft()
+        pending.reply = message
+        pending.done.set()
+        if pending.abandoned and "pid" in message:
+            self._adopt(int(message["pid"])).kill()
+
     async def read_replies(self) -> None:
         """Route the zygote's lines: fork replies to spawn(), exits to their process."""
         pending = b""
         try:
-            async with self._replies_send:
-                while True:
-                    try:
-                        data = await self._stream.receive_some(65536)
-                    except (trio.BrokenResourceError, trio.ClosedResourceError):
-                        return
-                    if not data:
-                        return
-                    messages, pending = decode(pending + data)
-                    for message in messages:
-                        if "exit" in message:
-                            pid, code = int(message["exit"]), int(message["code"])
-                            child = self._children.pop(pid, None)
-                            if child is None:
-                                self._early_exits[pid] = code
-                            else:
-                                child._set(code)
+            while True:
+                try:
+                    data = await self._stream.receive_some(65536)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    return
+                if not data:
+                    return
+                messages, pending = decode(pending + data)
+                for message in messages:
+                    if "exit" in message:
+                        pid, code = int(message["exit"]), int(message["code"])
+                        child = self._children.pop(pid, None)
+                        if child is None:
+                            self._early_exits[pid] = code
                         else:
-                            await self._replies_send.send(message)
+                            child._set(code)
+                    else:
+                        self._answer(message)
         finally:
             self._closed = True
+            while self._pending:  # no more answers: every waiting request fails
+                self._pending.popleft().done.set()
             for child in self._children.values():  # no more reports: pidfds decide
                 if child.returncode is None and child._pidfd is None:
                     child._set(UNKNOWN_EXIT)
@@ -290,13 +338,19 @@ _SHARED: ContextVar[NodeSpawner | None] = ContextVar("testbed_node_zygote", defa
 @asynccontextmanager
 async def one_zygote_for_all(log_path: Path, *, ledger: Ledger | None = None
                              ) -> AsyncIterator[None]:
-    """One zygote for the teams opened inside (rule 5); nothing with ``exec`` (rule 4)."""
-    async with open_spawner(node_environment(), log_path, ledger=ledger) as spawner:
+    """One zygote for the teams opened inside (rule 5); nothing with ``exec`` (rule 4).
+    The start probe every team's startup limit needs (startup.py) runs meanwhile, so the
+    teams find it measured instead of waiting for it together."""
+    env = node_environment()
+    async with open_spawner(env, log_path, ledger=ledger) as spawner, \
+            trio.open_nursery() as nursery:
+        nursery.start_soon(measure_start_s, env)
         token = _SHARED.set(spawner)
         try:
             yield
         finally:
             _SHARED.reset(token)
+            nursery.cancel_scope.cancel()
 
 
 def shared_spawner(env: Mapping[str, str]) -> NodeSpawner | None:

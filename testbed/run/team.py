@@ -470,8 +470,8 @@ async def open_team(*, agents: Sequence[str], central: bool,
                     spawning.open_spawner(env, workdir / "logs" / "zygote.log", ledger=ledger)
                     ) as team._spawner, trio.open_nursery() as nursery:
             try:
-                for node in team._nodes.values():
-                    await nursery.start(team._supervise, node, env)
+                # all at once: a shared zygote pipelines the requests (node_spawner rule 2)
+                await team._each(lambda node: nursery.start(team._supervise, node, env))
                 await team._each(team._wait_ready)
                 team.roster = team._build_roster()
                 await team._configure_all()  # bind: learn every data-plane port

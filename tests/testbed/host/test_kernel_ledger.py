@@ -45,11 +45,10 @@ def test_ledger_removes_in_reverse_and_forgets_its_state_file(ledger: ledger_mod
     kernel.create_netns(name)
     ifname = f"{ledger.prefix}t0"
     ledger.record_link(ifname, name)
-    fd = kernel.open_tun(ifname)
+    fd = kernel.open_host_tun(name, ifname, "198.18.0.1")
     try:
-        kernel.move_link(ifname, name)
-        kernel.configure_host_link(name, ifname, "198.18.0.1")
         assert ifname in kernel.list_links(name)
+        assert ifname not in kernel.list_links()  # made inside the namespace
         assert json.loads(ledger.path.read_text())["entries"][-1]["name"] == ifname
     finally:
         os.close(fd)  # a non-persistent TUN device goes away with its fd
@@ -69,10 +68,8 @@ def test_a_team_host_is_set_up_and_removed_without_forking(ledger: ledger_mod.Le
     ledger.record_netns(name)
     kernel.create_netns(name)
     ledger.record_link(ifname, name)
-    fd = kernel.open_tun(ifname)
+    fd = kernel.open_host_tun(name, ifname, "198.18.0.9")
     try:
-        kernel.move_link(ifname, name)
-        kernel.configure_host_link(name, ifname, "198.18.0.9")
         kernel.set_sysctl(name, "net.ipv4.tcp_no_metrics_save", "1")
         assert kernel.link_index(ifname, name) is not None
         assert kernel.link_index(ifname) is None  # not in this thread's namespace
@@ -102,8 +99,8 @@ def test_kernel_errors_keep_their_errno(ledger: ledger_mod.Ledger) -> None:
     assert info.value.errno == errno.EEXIST
     assert name in str(info.value)
     with pytest.raises(kernel.KernelError) as info2:
-        kernel.move_link(f"{ledger.prefix}nope", name)
-    assert info2.value.errno == errno.ENODEV
+        kernel.open_host_tun(f"{ledger.prefix}-nope", f"{ledger.prefix}t8", "198.18.0.8")
+    assert info2.value.errno == errno.ENOENT  # no such namespace: setns names it
 
 
 def test_sysctl_and_sockets_are_per_namespace(ledger: ledger_mod.Ledger) -> None:

@@ -7,14 +7,17 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from nodes.control import ControlClient
+from nodes.zygote import decode, encode
 from testbed.host.processes import is_running
 from testbed.run.node_spawner import (
     ENV_NODE_START,
@@ -119,6 +122,117 @@ async def test_a_killed_zygote_takes_its_nodes_with_it(tmp_path: Path) -> None:
                 await spawner.spawn(["--control", "x"], tmp_path / "late.log", _env())
     finally:
         shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+async def _stdout_of(pid: int, zygote_log: Path) -> str:
+    """Where PID's stdout points once the forked child has redirected it."""
+    with trio.fail_after(60):
+        while (target := os.readlink(f"/proc/{pid}/fd/1")) == str(zygote_log):
+            await trio.sleep(0.01)
+    return target
+
+
+def _children_of(pid: int) -> set[int]:
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if _ppid(int(entry.name)) == pid:
+                    found.add(int(entry.name))
+            except (OSError, IndexError):
+                pass  # gone meanwhile
+    return found
+
+
+async def test_requests_are_pipelined_and_each_gets_the_node_of_its_own_request(
+        tmp_path: Path) -> None:
+    """Spawns overlap (node_spawner rule 2): every caller gets the node of its own request
+    (the node's stdout is the log that request named)."""
+    sock_dir = tempfile.mkdtemp(prefix="tb-zy-")
+    try:
+        async with open_spawner(_env(), tmp_path / "zygote.log") as spawner:
+            got: dict[int, ForkedProcess] = {}
+
+            async def one(i: int) -> None:
+                got[i] = await spawner.spawn(
+                    ["--control", os.path.join(sock_dir, f"n{i}.sock"),
+                     "--parent-pid", str(spawner.pid)], tmp_path / f"n{i}.log", _env())
+
+            async with trio.open_nursery() as nursery:
+                for i in range(6):
+                    nursery.start_soon(one, i)
+            for i, process in got.items():
+                assert await _stdout_of(process.pid, tmp_path / "zygote.log") == str(
+                    tmp_path / f"n{i}.log")
+            last = await spawner.spawn(
+                ["--control", os.path.join(sock_dir, "last.sock"),
+                 "--parent-pid", str(spawner.pid)], tmp_path / "last.log", _env())
+            assert await _stdout_of(last.pid, tmp_path / "zygote.log") == str(
+                tmp_path / "last.log")
+            expected = {last.pid, *(p.pid for p in got.values())}
+            assert _children_of(spawner.pid) == expected
+            for process in [last, *got.values()]:
+                process.kill()
+                with trio.fail_after(60):
+                    assert await process.wait() == -signal.SIGKILL
+    finally:
+        shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+async def test_an_answer_whose_caller_was_cancelled_is_not_given_to_the_next_and_is_killed(
+        ) -> None:
+    """The test plays the zygote's side of the socket, to answer in a chosen order: the
+    first caller is cancelled after its request was sent; its answer (a real process)
+    must be killed, not handed to the second caller."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    orphan = await trio.lowlevel.open_process([sys.executable, "-c", "import time; time.sleep(60)"])
+    other = await trio.lowlevel.open_process([sys.executable, "-c", "import time; time.sleep(60)"])
+    zygote = trio.SocketStream(trio.socket.from_stdlib_socket(theirs))
+    try:
+        async with trio.open_nursery() as nursery:
+            spawner = NodeSpawner(trio.SocketStream(trio.socket.from_stdlib_socket(ours)),
+                                  nursery, _env())
+            nursery.start_soon(spawner.read_replies)
+            first = trio.CancelScope()
+            got: list[ForkedProcess] = []
+
+            async def ask_first() -> None:
+                with first:
+                    await spawner.spawn(["first"], Path("/dev/null"), {})
+
+            async def ask_second() -> None:
+                got.append(await spawner.spawn(["second"], Path("/dev/null"), {}))
+
+            nursery.start_soon(ask_first)
+            requests: list[dict[str, object]] = []
+            pending = b""
+            with trio.fail_after(30):
+                while not requests:
+                    found, pending = decode(pending + await zygote.receive_some(65536))
+                    requests += found
+                nursery.start_soon(ask_second)
+                while len(requests) < 2:
+                    found, pending = decode(pending + await zygote.receive_some(65536))
+                    requests += found
+            assert [r["argv"] for r in requests] == [["first"], ["second"]]
+            first.cancel()
+            await trio.testing.wait_all_tasks_blocked()
+            await zygote.send_all(encode({"pid": orphan.pid}) + encode({"pid": other.pid}))
+            with trio.fail_after(30):
+                assert await orphan.wait() == -signal.SIGKILL  # nobody's: killed
+                while not got:
+                    await trio.sleep(0.01)
+            assert got[0].pid == other.pid
+            await zygote.send_all(encode({"exit": orphan.pid, "code": -signal.SIGKILL}))
+            await zygote.aclose()  # the zygote is gone: a new request fails plainly
+            with pytest.raises(SpawnError, match="zygote is gone"):
+                await spawner.spawn(["third"], Path("/dev/null"), {})
+            nursery.cancel_scope.cancel()
+    finally:
+        for process in (orphan, other):
+            if process.returncode is None:
+                process.kill()
+            await process.wait()
 
 
 async def _team_zygote(tmp_path: Path, name: str) -> tuple[int, list[int]]:
