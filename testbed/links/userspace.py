@@ -2,9 +2,10 @@
 
 Rules:
 
-- Host i's TUN device is ``<prefix>t<i>``, created in the root namespace (recorded in
-  the ledger first), moved into the host's namespace and given the host's /32 address
-  with 198.18.0.0/15 routed through it, so no traffic can leave for anywhere else.
+- Host i's TUN device is ``<prefix>t<i>``, recorded in the ledger first, then created
+  by a thread inside the host's namespace and given the host's /32 address with
+  198.18.0.0/15 routed through it, so no traffic can leave for anywhere else
+  (``kernel.open_host_tun``: one netlink socket, nothing moved between namespaces).
 - The emulator (``python -m testbed.links.emulator``) inherits every TUN fd and runs
   the link model (``testbed.links.model``) in a select() loop; its pid is recorded in
   the ledger as soon as it starts. With ``shared_emulator`` the topology's hosts are a
