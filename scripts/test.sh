@@ -12,6 +12,17 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh || exit 1
+# The suite's own programs run inside topologies (tests/testbed/net: `testbed exec` and
+# `shell` run ping); a fresh machine may not have it (CI 2026-12-03: three tests failed
+# with "ping: No such file or directory"). Installed as root, named otherwise.
+if ! command -v ping >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iputils-ping; } \
+      >/dev/null 2>&1 || echo "test: could not install iputils-ping; the ping tests will fail" >&2
+  else
+    echo "test: ping is missing (as root, once: apt-get install iputils-ping); the ping tests will fail" >&2
+  fi
+fi
 status=0
 .venv/bin/ruff check protocols nodes testbed tests scripts || status=1
 .venv/bin/mypy || status=1
