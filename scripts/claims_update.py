@@ -39,6 +39,11 @@ def _pattern(claim_text: str) -> re.Pattern[str]:
     return re.compile("".join(parts))
 
 
+def _toml_string(text: str) -> str:
+    """TEXT as claims.toml writes a basic string."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="claims whose text contains this")
@@ -59,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             piece if i % 2 == 0 else "[" + shown[i // 2] + "]"
             for i, piece in enumerate(BRACKET.split(claim.text)))
         found = _pattern(claim.text).search(readme)
-        quoted = '"' + claim.text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        quoted = _toml_string(claim.text)
         if found is None or quoted not in toml:
             print(f"SKIP (not found verbatim): {claim.text[:70]}")
             continue
@@ -68,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
             pieces += [readme[last:found.start(group)], number]
             last = found.end(group)
         readme = readme[:found.start()] + "".join(pieces) + readme[last:]
-        toml = toml.replace(quoted, '"' + new_claim.replace("\\", "\\\\").replace('"', '\\"') + '"', 1)
+        toml = toml.replace(quoted, _toml_string(new_claim), 1)
         changed += 1
         print(f"[{claim.run}] {new_text}")
     readme_path.write_text(readme)

@@ -195,16 +195,12 @@ def set_link_up(ifname: str, netns: str | None = None) -> None:
     with_netlink(netns, up)
 
 
-def configure_host_link(netns: str, ifname: str, address: str, *, mtu: int = 1500) -> None:
-    """Inside NETNS: lo up, IFNAME up with ADDRESS/32 and 198.18.0.0/15 routed through it."""
-    with_netlink(netns, lambda ipr: _configure_host_link(ipr, netns, ifname, address, mtu))
-
-
 def open_host_tun(netns: str, ifname: str, address: str, *, mtu: int = 1500) -> int:
-    """A TUN device made inside NETNS and configured as its host link (as
-    :func:`configure_host_link`); returns its fd. One thread in NETNS does both: no move
-    from the root namespace, one netlink socket (16 lanes set up 80 of these at once,
-    and each netlink socket costs the controller an event loop of pyroute2's)."""
+    """A TUN device IFNAME made inside NETNS as its host link (lo up, IFNAME up with
+    ADDRESS/32 and 198.18.0.0/15 routed through it); returns its fd. One thread in NETNS
+    does both: no move from the root namespace, one netlink socket (16 lanes set up 80
+    of these at once, and each netlink socket costs the controller an event loop of
+    pyroute2's)."""
     def body() -> int:
         fd = open_tun(ifname)
         try:
