@@ -45,9 +45,11 @@ units = [16]
 """
 
 
-def _node_children(pid: int) -> int:
-    """How many node processes PID has now: children running ``-m nodes``, and the
-    children of its node zygotes (``-m nodes.zygote``, testbed/run/node_spawner.py)."""
+def _node_pids(pid: int) -> set[int]:
+    """The node processes PID has now: children running ``-m nodes``, and the forks of
+    its node zygotes (``-m nodes.zygote``, testbed/run/node_spawner.py), which keep the
+    zygote's command line. A program a zygote runs is not a node: importing trio runs
+    ``ldconfig -p`` (ctypes.util.find_library) as the zygote's child."""
     parents: dict[int, int] = {}
     argv: dict[int, list[bytes]] = {}
     for entry in os.scandir("/proc"):
@@ -61,12 +63,20 @@ def _node_children(pid: int) -> int:
             continue
     zygotes = {p for p, parent in parents.items()
                if parent == pid and b"nodes.zygote" in argv.get(p, [])}
-    return sum(1 for p, parent in parents.items()
-               if (parent == pid and b"nodes" in argv.get(p, [])) or parent in zygotes)
+    return {p for p, parent in parents.items()
+            if (parent == pid and b"nodes" in argv.get(p, []))
+            or (parent in zygotes and b"nodes.zygote" in argv.get(p, []))}
+
+
+def _node_children(pid: int) -> int:
+    return len(_node_pids(pid))
 
 
 class Sampler:
-    """Samples which runs have node processes, until stopped."""
+    """Samples which runs have node processes, until stopped. A node counts in a sample
+    when the previous sample saw the same process too: a node lives for seconds, while
+    a program the zygote runs looks like a fork of it for the microseconds between its
+    vfork and its exec, and one sample could land there."""
 
     def __init__(self, pids: dict[str, int]) -> None:
         self.pids = pids
@@ -75,8 +85,11 @@ class Sampler:
         self.thread = threading.Thread(target=self._loop, daemon=True)
 
     def _loop(self) -> None:
+        previous: dict[str, set[int]] = {n: set() for n in self.pids}
         while not self.stop.is_set():
-            self.samples.append({n: _node_children(p) for n, p in self.pids.items()})
+            now = {n: _node_pids(p) for n, p in self.pids.items()}
+            self.samples.append({n: len(now[n] & previous[n]) for n in self.pids})
+            previous = now
             time.sleep(0.003)
 
     def __enter__(self) -> Sampler:
