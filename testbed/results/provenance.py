@@ -12,6 +12,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from testbed.results.cpu_speed import cpu_model
+
 SOURCE_ROOT = Path(__file__).resolve().parents[2]
 """The checkout this code runs from (site-packages for a wheel install: no git, no lock)."""
 LOCK_NAME = "requirements.lock"
@@ -47,7 +49,8 @@ def host_description() -> dict[str, Any]:
     u = os.uname()
     return {"host": socket.gethostname(), "kernel": f"{u.sysname} {u.release} {u.version}",
             "machine": u.machine, "python": sys.version.split()[0],
-            "implementation": platform.python_implementation(), "cpus": os.cpu_count()}
+            "implementation": platform.python_implementation(), "cpus": os.cpu_count(),
+            "cpu_model": cpu_model()}
 
 
 def lock_file(root: Path | None = None) -> dict[str, Any]:

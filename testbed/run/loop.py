@@ -63,6 +63,7 @@ from testbed.campaign.plugins import provenance as plugin_provenance
 from testbed.campaign.workload import Schedule
 from testbed.host.lanes import HostLanes
 from testbed.host.userns import privilege
+from testbed.results.cpu_speed import python_probe_ms
 from testbed.results.decisions import write_decisions
 from testbed.results.provenance import (
     git_revision,
@@ -136,7 +137,9 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
         session: dict[str, Any] = {"started_at": _now(), "resume": bool(sessions),
                                    "jobs": jobs, "execution": engine.describe(),
                                    "repeats": policy.repeats,
-                                   "rerun_disturbed": policy.rerun_disturbed}
+                                   "rerun_disturbed": policy.rerun_disturbed,
+                                   # how fast this host ran Python (cpu_speed.py)
+                                   "python_probe_ms": python_probe_ms()}
         if extended_from is not None:
             session["extended_from"] = extended_from
         run_dir.update_manifest(

@@ -59,6 +59,8 @@ async def test_run_writes_manifest_shards_and_tables(tmp_path: Path) -> None:
     assert manifest["status"] == "complete"
     assert manifest["versions"]["pyarrow"] == pa.__version__
     assert manifest["system"]["kernel"].startswith(os.uname().sysname)
+    assert manifest["system"]["cpu_model"]  # which CPU ran it, and how fast (cpu_speed.py)
+    assert manifest["sessions"][0]["python_probe_ms"] > 0
     assert set(manifest["groups"]) == {k.id for k, _ in campaign.groups()}
     assert manifest["backend"] == "none, userspace"
     assert len(manifest["git"]["revision"]) in (40, len("unknown"))
