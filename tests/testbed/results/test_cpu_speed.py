@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import platform
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ def test_the_model_name_is_read_from_cpuinfo(tmp_path: Path) -> None:
 def test_a_cpuinfo_without_a_model_name_falls_back(tmp_path: Path) -> None:
     info = tmp_path / "cpuinfo"
     info.write_text("processor\t: 0\nmodel name\t:\n")  # arm64 kernels print none
-    assert cpu_model(info) == (__import__("platform").processor() or "unknown")
+    assert cpu_model(info) == (platform.processor() or "unknown")
     assert cpu_model(tmp_path / "absent") == cpu_model(info)
 
 
