@@ -45,6 +45,7 @@ from testbed.errors import HostError, RunFailure
 from testbed.host.ledger import open_run_ledger
 from testbed.host.userns import outer_uid, privilege
 from testbed.links.backends import AUTO_ORDER, probe_backend
+from testbed.results.cpu_speed import python_probe_ms
 from testbed.results.provenance import host_description
 from testbed.run.attempts import EpisodePlan
 from testbed.run.episode import EpisodeRunner
@@ -145,6 +146,9 @@ def _summary() -> dict[str, Any]:
         cc = []
     auto = next((name for name in AUTO_ORDER if backends[name]["works"]), None)
     return {"host": system["host"], "kernel": system["kernel"], "cpus": system["cpus"],
+            # how fast this worker's host runs Python, as each session records the
+            # controller's (testbed.results.cpu_speed): the nodes run here, not there
+            "cpu_model": system["cpu_model"], "python_probe_ms": python_probe_ms(),
             "euid": os.geteuid(), "uid": outer_uid(), "privilege": privilege(),
             "backends": backends, "backend_auto": auto,
             "congestion_control_available": cc}

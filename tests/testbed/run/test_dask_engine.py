@@ -96,6 +96,12 @@ async def test_a_local_cluster_gives_the_results_of_a_local_run(tmp_path: Path) 
     manifest = (tmp_path / "dask" / "manifest.json").read_text()
     assert '"engine": "dask"' in manifest
     assert '"backend_auto"' in manifest
+    # each worker's host speed is recorded where its nodes ran (cpu_speed.py)
+    workers = json.loads(manifest)["execution"]["workers"]
+    assert len(workers) == 2
+    for summary in workers.values():
+        assert summary["cpu_model"]
+        assert summary["python_probe_ms"] > 0
     assert runs.prefixes, "the watch saw none of the runs' ledgers"
     assert runs.leftovers() == set()
 
