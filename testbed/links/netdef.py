@@ -17,7 +17,11 @@ Rules this module obeys:
    ``down_delay_ms``) all of those, likewise the loss fields (``loss``, ``up_loss``,
    ``down_loss``) and the queue fields (``queue``, ``up_queue``, ``down_queue``). NAME
    may be a built-in, a network defined earlier, or the network being defined.
-4. :func:`network_to_data` writes a profile back as a table that parses to the same
+4. A network table may itself start from another with ``network = "NAME"`` (a built-in
+   or a network defined earlier, not itself): NAME's common link with the fields given
+   replacing it in the groups of rule 3, NAME's congestion control unless the table
+   gives one, and NAME's hosts, each unless the table names the same host.
+5. :func:`network_to_data` writes a profile back as a table that parses to the same
    profile (for the manifest and ``--resume``).
 
 The field reference is docs/links.md ("Networks as data").
@@ -66,7 +70,8 @@ _GROUPS: dict[str, tuple[str, ...]] = {
               "codel_interval_ms", "queue_tupdate_ms", "queue_flows", "up_queue",
               "down_queue"),
 }
-NETWORK_FIELDS = ("description", "unshaped", "congestion_control", *LINK_FIELDS, "hosts")
+NETWORK_FIELDS = ("description", "unshaped", "congestion_control", *LINK_FIELDS, "hosts",
+                  "network")
 HOST_FIELDS = ("network", *LINK_FIELDS, "congestion_control", "unshaped")
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 _SELECTOR = re.compile(r"^(?:\d{1,3}|[A-Za-z_][A-Za-z0-9_]{0,31})$")
@@ -273,8 +278,6 @@ def parse_network(name: str, value: Any, *, where: str = "networks",
     description = table.get("description", "")
     if not isinstance(description, str):
         raise nf.fail(f"{here}.description", description, "a string")
-    cc = check_congestion_control(table.get("congestion_control", DEFAULT_CONGESTION_CONTROL),
-                                  f"{here}.congestion_control")
     if table.get("unshaped", False) is not False:
         if table["unshaped"] is not True:
             raise nf.fail(f"{here}.unshaped", table["unshaped"], "true or false")
@@ -283,9 +286,15 @@ def parse_network(name: str, value: Any, *, where: str = "networks",
             raise ProfileError(f"{here}.{extra[0]}: an unshaped network (unshaped = true) "
                                "has no link; leave out every link field")
         return NetworkProfile(name=name, link=None, description=description)
-    common = _build(link_fields(table, here, base_dir=base_dir, check_files=check_files), here)
-    hosts: list[tuple[str, LinkSpec]] = []
-    host_cc: list[tuple[str, str]] = []
+    parent = _parent_network(name, table, here, known)
+    given = link_fields(table, here, base_dir=base_dir, check_files=check_files)
+    common = (_build(given, here) if parent is None or parent.link is None
+              else _build(_inherit(given), here, parent.link))
+    cc = check_congestion_control(
+        table.get("congestion_control", DEFAULT_CONGESTION_CONTROL if parent is None
+                  else parent.congestion_control), f"{here}.congestion_control")
+    hosts = dict(parent.hosts) if parent is not None else {}
+    host_cc = dict(parent.host_congestion_control) if parent is not None else {}
     raw_hosts = nf.as_table(table.get("hosts", {}), f"{here}.hosts", "{ central = { ... } }")
     for selector, host_value in raw_hosts.items():
         key = f"{here}.hosts.{selector}"
@@ -294,17 +303,35 @@ def parse_network(name: str, value: Any, *, where: str = "networks",
                                f"agent name (a0, a1, ...), a host name or {CENTRAL_HOST}")
         link, own_cc = _host(name, str(selector), host_value, key, common, base_dir=base_dir,
                              known=known, check_files=check_files)
+        hosts.pop(str(selector), None)
+        host_cc.pop(str(selector), None)
         if link is not None:
-            hosts.append((str(selector), link))
+            hosts[str(selector)] = link
         if own_cc is not None:
-            host_cc.append((str(selector), own_cc))
-    return NetworkProfile(name=name, link=common, congestion_control=cc, hosts=tuple(hosts),
-                          description=description,
-                          host_congestion_control=tuple(sorted(host_cc)))
+            host_cc[str(selector)] = own_cc
+    return NetworkProfile(name=name, link=common, congestion_control=cc,
+                          hosts=tuple(hosts.items()), description=description,
+                          host_congestion_control=tuple(sorted(host_cc.items())))
+
+
+def _parent_network(name: str, table: Mapping[str, Any], here: str,
+                    known: Known) -> NetworkProfile | None:
+    """The network a table starts from (rule 4), or None."""
+    if "network" not in table:
+        return None
+    other = table["network"]
+    parent = known(other) if isinstance(other, str) and other != name else None
+    if parent is None:
+        raise nf.fail(f"{here}.network", other, "a built-in network or one defined before "
+                      "this one")
+    if parent.link is None:
+        raise ProfileError(f"{here}.network: {other!r} has no link (unshaped); name a shaped "
+                           "network")
+    return parent
 
 
 def link_to_data(link: LinkSpec) -> dict[str, Any]:
-    """A link as the table fields that parse back to it (rule 4)."""
+    """A link as the table fields that parse back to it (rule 5)."""
     out: dict[str, Any] = {}
     if link.trace_driven:
         out.update(up_trace=link.up_trace, down_trace=link.down_trace)

@@ -145,6 +145,43 @@ def test_an_unshaped_network() -> None:
     assert parse(network_to_data(profile)) == profile
 
 
+def test_a_network_starting_from_a_builtin_replaces_only_the_groups_it_gives() -> None:
+    att = get_profile("att")
+    assert att.link is not None
+    profile = parse({"network": "att", "delay_ms": 35,
+                     "hosts": {"central": {"rate_kbit": 100_000, "delay_ms": 1}}})
+    link = profile.link
+    assert link is not None
+    assert (link.up_trace, link.down_trace) == (att.link.up_trace, att.link.down_trace)
+    assert link == att.link.with_overrides(delay_ms=35.0)
+    assert profile.congestion_control == att.congestion_control
+    assert dict(profile.hosts) == {"central": LinkSpec(rate_kbit=100_000, delay_ms=1)}
+    # the same network written out in full parses to the same profile
+    assert parse(network_to_data(profile)) == profile
+
+
+def test_a_network_starting_from_another_keeps_its_hosts_unless_it_names_them() -> None:
+    parent = parse_network("wired_core", {
+        "rate_kbit": 20_000, "delay_ms": 10, "congestion_control": "reno",
+        "hosts": {"central": {"rate_kbit": 100_000, "delay_ms": 1},
+                  "0": {"network": "tmobile"}, "1": {"congestion_control": "cubic"}}},
+        known=network_template)
+    known = {"wired_core": parent}
+    child = parse_network("slow_agent", {
+        "network": "wired_core", "up_rate_kbit": 500, "down_rate_kbit": 2000,
+        "hosts": {"0": {"network": "slow_agent", "delay_ms": 40}}},
+        known=lambda name: known.get(name) or network_template(name))
+    assert child.link is not None
+    assert parent.link is not None
+    assert (child.link.rate_of("up"), child.link.rate_of("down"), child.link.delay_ms) == (
+        500, 2000, 10.0)
+    assert child.congestion_control == "reno"
+    hosts = dict(child.hosts)
+    assert hosts["central"] == dict(parent.hosts)["central"]
+    assert hosts["0"] == child.link.with_overrides(delay_ms=40.0)
+    assert child.host_congestion_control == (("1", "cubic"),)
+
+
 BAD: list[tuple[dict[str, Any], str]] = [
     ({"rate": 1}, "networks.myfi: unknown field 'rate'; allowed: description, unshaped,"),
     ({"loss": {"model": "gilbert", "p": 1.5, "r": 0.1}},
@@ -199,6 +236,11 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ({"hosts": {"central": {"loss": {"model": "iid", "pct": -2}}}},
      "networks.myfi.hosts.central.loss.pct: -2 is not allowed"),
     ({"unshaped": True, "delay_ms": 5}, "networks.myfi.delay_ms: an unshaped network"),
+    ({"network": "myfi"}, "networks.myfi.network: 'myfi' is not allowed; allowed: a built-in "
+                          "network or one defined before this one"),
+    ({"network": "mars"}, "networks.myfi.network: 'mars' is not allowed;"),
+    ({"network": "loopback"}, "networks.myfi.network: 'loopback' has no link (unshaped)"),
+    ({"network": "att", "rate_kbit": 0}, "networks.myfi.rate_kbit: 0 is not allowed"),
     ({"congestion_control": "Cubic!"}, "networks.myfi.congestion_control: 'Cubic!' is not a"),
     ({"description": 3}, "networks.myfi.description: 3 is not allowed; allowed: a string"),
 ]
