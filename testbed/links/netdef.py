@@ -251,18 +251,21 @@ def _host_link(name: str, table: Mapping[str, Any], where: str, common: LinkSpec
     if "network" not in table:
         return _build(given, where)
     other = table["network"]
-    if other == name:
-        base: LinkSpec | None = common
-    else:
-        profile = known(other) if isinstance(other, str) else None
-        if profile is None:
-            raise nf.fail(f"{where}.network", other, "a built-in network, one defined before "
-                        f"this one, or {name!r} itself")
-        base = profile.link
-        if base is None:
-            raise ProfileError(f"{where}.network: {other!r} has no link (unshaped); name a "
-                               "shaped network")
+    base = common if other == name else _shaped_network(
+        other, f"{where}.network", known,
+        f"a built-in network, one defined before this one, or {name!r} itself")[1]
     return _build(_inherit(given), where, base)
+
+
+def _shaped_network(other: Any, where: str, known: Known,
+                    allowed: str) -> tuple[NetworkProfile, LinkSpec]:
+    """The network a ``network = "OTHER"`` field names, and its link (rules 3, 4)."""
+    profile = known(other) if isinstance(other, str) else None
+    if profile is None:
+        raise nf.fail(where, other, allowed)
+    if profile.link is None:
+        raise ProfileError(f"{where}: {other!r} has no link (unshaped); name a shaped network")
+    return profile, profile.link
 
 
 def parse_network(name: str, value: Any, *, where: str = "networks",
@@ -286,10 +289,15 @@ def parse_network(name: str, value: Any, *, where: str = "networks",
             raise ProfileError(f"{here}.{extra[0]}: an unshaped network (unshaped = true) "
                                "has no link; leave out every link field")
         return NetworkProfile(name=name, link=None, description=description)
-    parent = _parent_network(name, table, here, known)
+    parent = None
     given = link_fields(table, here, base_dir=base_dir, check_files=check_files)
-    common = (_build(given, here) if parent is None or parent.link is None
-              else _build(_inherit(given), here, parent.link))
+    if "network" in table:  # rule 4; not the network being defined
+        parent, parent_link = _shaped_network(
+            table["network"], f"{here}.network", lambda n: None if n == name else known(n),
+            "a built-in network or one defined before this one")
+        common = _build(_inherit(given), here, parent_link)
+    else:
+        common = _build(given, here)
     cc = check_congestion_control(
         table.get("congestion_control", DEFAULT_CONGESTION_CONTROL if parent is None
                   else parent.congestion_control), f"{here}.congestion_control")
@@ -312,22 +320,6 @@ def parse_network(name: str, value: Any, *, where: str = "networks",
     return NetworkProfile(name=name, link=common, congestion_control=cc,
                           hosts=tuple(hosts.items()), description=description,
                           host_congestion_control=tuple(sorted(host_cc.items())))
-
-
-def _parent_network(name: str, table: Mapping[str, Any], here: str,
-                    known: Known) -> NetworkProfile | None:
-    """The network a table starts from (rule 4), or None."""
-    if "network" not in table:
-        return None
-    other = table["network"]
-    parent = known(other) if isinstance(other, str) and other != name else None
-    if parent is None:
-        raise nf.fail(f"{here}.network", other, "a built-in network or one defined before "
-                      "this one")
-    if parent.link is None:
-        raise ProfileError(f"{here}.network: {other!r} has no link (unshaped); name a shaped "
-                           "network")
-    return parent
 
 
 def link_to_data(link: LinkSpec) -> dict[str, Any]:
