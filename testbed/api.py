@@ -95,14 +95,17 @@ def warnings(campaign: Campaign, *, jobs: int = 1) -> list[str]:
 def run(campaign: Campaign, out: str | Path, *, resume: bool = False, extend: bool = False,
         jobs: int | None = None, backend: str | None = None, workdir: str | Path | None = None,
         console: Console | None = None, repeats: int = 1, rerun_disturbed: int = 0,
-        host_lanes: int | None = None, allow_dirty: bool = False) -> RunSummary:
+        host_lanes: int | None = None, allow_dirty: bool = False,
+        allow_code_change: bool = False, allow_side_branch: bool = False) -> RunSummary:
     """Run ``campaign`` into ``out`` (``resume``: finish an interrupted run there);
     ``repeats`` runs per episode and ``rerun_disturbed`` reruns of a disturbed one
     (docs/campaigns.md, "Attempts").
 
     The run holds lanes of the host's budget (``host_lanes``, default 8 per CPU;
     docs/campaigns.md, "Host-wide lanes") beside other runs on this host; a run into
-    the repository's results/ needs a committed checkout unless ``allow_dirty``. Units that fail are
+    the repository's results/ needs a committed checkout on the main line unless
+    ``allow_dirty`` / ``allow_side_branch``, and resuming or extending a run with other code
+    than its last session's needs ``allow_code_change``. Units that fail are
     contained (testbed.run.failures): the summary's ``failures`` lists them and ``left``
     says what could not be removed at the end."""
     from testbed.host.lanes import HostLanes
@@ -148,6 +151,8 @@ def run(campaign: Campaign, out: str | Path, *, resume: bool = False, extend: bo
             summary.append(await run_campaign(campaign, out, resume=resume, extend=extend,
                                               jobs=lanes, runner=runner, console=printer,
                                               host=host, allow_dirty=allow_dirty,
+                                              allow_code_change=allow_code_change,
+                                              allow_side_branch=allow_side_branch,
                                               attempts=attempts))
 
     with contained_ledger(label) as (ledger, left):  # a teardown error: in summary.left

@@ -201,6 +201,16 @@ def network_provenance(campaign: Campaign) -> dict[str, dict[str, Any]]:
     return out
 
 
+def shipped_trace(ref: str) -> Path | None:
+    """The shipped trace file a recorded reference names (None: not a shipped name)."""
+    if "/" in ref or Path(ref).is_absolute():
+        return None
+    try:
+        return resolve_trace_ref(ref)
+    except TraceError:
+        return None
+
+
 def changed_files(recorded: Mapping[str, Any]) -> str | None:
     """The first file a recorded provenance names that differs now (one line), or None."""
     for entry in recorded.values():

@@ -26,6 +26,7 @@ from testbed.cli import (
     policies,
     precision,
     programs,
+    verify,
 )
 from testbed.cli.common import (
     ARGV,
@@ -39,7 +40,7 @@ from testbed.errors import HostError, UserError, one_line
 
 #: Sub-command modules in the order `testbed --help` lists them.
 COMMAND_MODULES = (info, examples, campaigns, precision, programs, policies, cluster, maintenance,
-                   model, bench)
+                   model, bench, verify)
 
 
 def build_parser() -> argparse.ArgumentParser:

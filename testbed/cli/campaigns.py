@@ -121,11 +121,15 @@ def _execute(args: argparse.Namespace, campaign: Any, out: Path, attempts: Any, 
         _warn(args, campaign, jobs)  # (and once for all rounds of --until-resolved)
         args.warned = True
     out_console = console()
+    # what a reference run may override (`testbed reproduce` shares this path)
+    dirty, code_change, side = (bool(getattr(args, name, False)) for name in (
+        "allow_dirty", "allow_code_change", "allow_side_branch"))
     if cluster is None:
         return api.run(campaign, out, resume=resume, extend=extend, jobs=jobs,
                        backend=args.backend, workdir=workdir, console=out_console,
                        repeats=attempts.repeats, rerun_disturbed=attempts.rerun_disturbed,
-                       host_lanes=args.host_lanes, allow_dirty=args.allow_dirty)
+                       host_lanes=args.host_lanes, allow_dirty=dirty,
+                       allow_code_change=code_change, allow_side_branch=side)
     label = str(Path(out).absolute())
     if resume or extend:  # what a killed run (this one's, or any) left behind
         for item in clean_dead_runs(run_state_dir()):
@@ -143,7 +147,8 @@ def _execute(args: argparse.Namespace, campaign: Any, out: Path, attempts: Any, 
             await engine.survey(campaign)
             return await run_campaign(campaign, out, resume=resume, extend=extend,
                                       engine=engine, console=out_console, attempts=attempts,
-                                      allow_dirty=args.allow_dirty)
+                                      allow_dirty=dirty, allow_code_change=code_change,
+                                      allow_side_branch=side)
 
     from testbed.run.dask_engine import SchedulerLost
     from testbed.run.resume import scheduler_lost_line
@@ -242,6 +247,12 @@ def register(sub: Any) -> None:
     p.add_argument("--allow-dirty", action="store_true",
                    help="write into the repository's results/ from a checkout with "
                         "uncommitted changes (refused otherwise; the manifest records it)")
+    p.add_argument("--allow-side-branch", action="store_true",
+                   help="write into the repository's results/ from a revision main does "
+                        "not contain (refused otherwise: its revision must stay reachable)")
+    p.add_argument("--allow-code-change", action="store_true",
+                   help="--resume/--extend with code other than the run's last session "
+                        "(refused otherwise; each session and episode records its code)")
     p.add_argument("--allow-mixed-backends", action="store_true",
                    help="let cluster workers run shaped networks on different link backends")
     p.add_argument("--templates", type=int, metavar="N",

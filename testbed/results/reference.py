@@ -7,6 +7,13 @@ outputs there do not count: the next campaign of ``scripts/reference_runs.sh`` w
 otherwise be refused for the previous one's results), unless forced (``testbed run
 --allow-dirty``). The manifest's ``git`` records what was found (``code_dirty``, the
 paths) and whether the check was overridden (``allow_dirty``).
+
+A reference run also comes from the main line: HEAD must be reachable from ``main``
+(or ``master``), so that the revision its manifest names stays in the repository's
+history (a side branch's commits that never land make a run nobody can trace back).
+Results committed on top of a side branch that is then merged are the exception
+``--allow-side-branch`` admits; ``testbed verify`` checks every recorded revision is
+reachable once they land.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ def is_reference_output(out_dir: Path, repo: Path | None = None) -> bool:
     return Path(out_dir).resolve().is_relative_to(root)
 
 
-def check_reference_run(out_dir: Path, *, allow_dirty: bool,
+def check_reference_run(out_dir: Path, *, allow_dirty: bool, allow_side_branch: bool = False,
                         repo: Path | None = None) -> dict[str, Any]:
     """Refuse a run into the repository's results/ from a dirty checkout (unless
     ``allow_dirty``); returns what the manifest's ``git`` adds."""
@@ -57,4 +64,15 @@ def check_reference_run(out_dir: Path, *, allow_dirty: bool,
                         "manifest records it)")
     if changes:
         record["allow_dirty"] = True
+    main = provenance.main_branch(repo)
+    on_main = None if main is None else provenance.is_ancestor("HEAD", main, repo)
+    if on_main is False:
+        if not allow_side_branch:
+            raise UserError(f"--out: {out_dir} is the repository's results/, and HEAD is not "
+                            f"on {main} (a side branch or detached commit); reference runs "
+                            f"come from a revision on {main}, so that the manifest's revision "
+                            f"stays reachable: merge into {main} first, or pass "
+                            "--allow-side-branch and merge the results with their revision")
+        record["allow_side_branch"] = True
+    record["on_main"] = on_main
     return record

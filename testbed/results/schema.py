@@ -14,6 +14,11 @@ from typing import Any
 
 import pyarrow as pa
 
+#: The version of the run directory's layout and columns the manifest records
+#: (``schema_version``): 2 adds the episode column ``session`` and per-session code
+#: provenance; runs without the field are version 1. ``testbed verify`` reads both.
+RESULT_SCHEMA_VERSION = 2
+
 #: Columns that identify a cell (the configuration an episode ran under).
 CELL_COLUMNS: tuple[str, ...] = (
     "campaign", "cell", "policy", "network", "backend", "trace_offset_s", "connection",
@@ -144,7 +149,7 @@ _EPISODE_TYPES: dict[str, pa.DataType] = {
     "setup_bytes": pa.int64(), "planning_bytes": pa.int64(), "query_bytes": pa.int64(),
     "fetch_bytes": pa.int64(), "revalidation_bytes": pa.int64(), "barrier_bytes": pa.int64(),
     "commit_bytes": pa.int64(), "rounds_per_action": pa.float64(),
-    "worker": pa.string(), "rpc_timeouts": pa.int64(),
+    "worker": pa.string(), "session": pa.int64(), "rpc_timeouts": pa.int64(),
     "link_up_qdelay_p50_ms": pa.float64(), "link_up_qdelay_p95_ms": pa.float64(),
     "link_down_qdelay_p50_ms": pa.float64(), "link_down_qdelay_p95_ms": pa.float64(),
     "link_up_utilisation": pa.float64(), "link_down_utilisation": pa.float64(),

@@ -44,6 +44,12 @@ Rules this module obeys:
    first topology, Ctrl-C) in a directory that held no run removes what it created
    (``RunDir.discard``): the next plain run on that ``--out`` starts afresh. What a
    run can check beforehand it checks before anything exists (``testbed.run.preflight``).
+9. Every session (the first run, each ``--resume`` and ``--extend``) records the code it
+   ran (revision, dirty flags, product-code digest), the lock file's digest and, at its
+   end, how many episodes it committed; each episode row names its ``session`` (1
+   upward). ``--resume``/``--extend`` refuse code whose digest differs from the run's
+   last session unless ``allow_code_change`` (``testbed.results.sessions``); the
+   manifest then tells which episodes came from which code.
 """
 
 from __future__ import annotations
@@ -66,7 +72,7 @@ from testbed.host.userns import privilege
 from testbed.results.cpu_speed import python_probe_ms
 from testbed.results.decisions import write_decisions
 from testbed.results.provenance import (
-    git_revision,
+    code_provenance,
     host_description,
     lock_file,
     package_versions,
@@ -74,6 +80,7 @@ from testbed.results.provenance import (
 from testbed.results.reference import check_reference_run
 from testbed.results.rundir import RunDir
 from testbed.results.schema import (
+    RESULT_SCHEMA_VERSION,
     RUNNER_ACTION_FIELDS,
     RUNNER_ACTION_OPTIONAL,
     RUNNER_EPISODE_FIELDS,
@@ -81,6 +88,7 @@ from testbed.results.schema import (
     ResultRowError,
     check_fields,
 )
+from testbed.results.sessions import check_same_code
 from testbed.results.summary import print_summary
 from testbed.run.attempts import AttemptPolicy, EpisodePlan, plan_episode
 from testbed.run.command_rows import command_rows
@@ -96,14 +104,18 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
                        console: Console, runner: Runner | None = None,
                        engine: Engine | None = None, extend: bool = False,
                        jobs: int = 1, attempts: AttemptPolicy | None = None,
-                       host: HostLanes | None = None, allow_dirty: bool = False) -> RunSummary:
+                       host: HostLanes | None = None, allow_dirty: bool = False,
+                       allow_code_change: bool = False,
+                       allow_side_branch: bool = False) -> RunSummary:
     """Run every not-yet-committed episode of ``campaign`` into ``out_dir``.
 
     ``engine`` runs the work units (default: :class:`LocalEngine` over ``runner`` with
     ``jobs`` lanes, holding lanes of the host's budget ``host`` if given; the progress
     line then says who holds the host); ``attempts`` the repeats and reruns of each
     episode (rule 6). A run into the repository's results/ needs a committed checkout
-    unless ``allow_dirty`` (``testbed.results.reference``).
+    on the main line unless ``allow_dirty`` / ``allow_side_branch``
+    (``testbed.results.reference``); resuming with other code needs ``allow_code_change``
+    (rule 9).
     """
     policy = attempts or AttemptPolicy()
     if not (isinstance(jobs, int) and jobs >= 1):
@@ -112,7 +124,9 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
         if runner is None:
             raise ValueError("run_campaign: give a runner or an engine")
         engine = LocalEngine(runner, jobs=jobs, host=host)
-    reference = check_reference_run(Path(out_dir), allow_dirty=allow_dirty)
+    reference = check_reference_run(Path(out_dir), allow_dirty=allow_dirty,
+                                    allow_side_branch=allow_side_branch)
+    code = {**code_provenance(), **reference}
     run_dir = RunDir(out_dir)
     extended_from: dict[str, int] | None = None
     fresh = run_dir.is_empty()  # rule 8: a failed start here leaves nothing
@@ -122,6 +136,8 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
             raise CampaignError(f"{run_dir.path}: not empty; pass --resume to finish that run "
                                 "(or --extend to grow it) or choose another --out")
         extended_from = _check_same_campaign(run_dir, campaign, extend=extend)
+        check_same_code(run_dir.read_manifest(), code,
+                        flag="--extend" if extend else "--resume", allowed=allow_code_change)
     networks = network_provenance(campaign)  # hashes the trace files before anything runs
     plugins = plugin_provenance(campaign)
     model = await probe_model(campaign)  # a live campaign's endpoint, before any episode
@@ -134,7 +150,10 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
     try:
         previous = run_dir.read_manifest()
         sessions = previous.get("sessions", [])
+        session_index = len(sessions) + 1
+        lock = lock_file()
         session: dict[str, Any] = {"started_at": _now(), "resume": bool(sessions),
+                                   "git": code, "lock_sha256": lock["sha256"],
                                    "jobs": jobs, "execution": engine.describe(),
                                    "repeats": policy.repeats,
                                    "rerun_disturbed": policy.rerun_disturbed,
@@ -142,10 +161,13 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
                                    "python_probe_ms": python_probe_ms()}
         if extended_from is not None:
             session["extended_from"] = extended_from
+        if allow_code_change:
+            session["allow_code_change"] = True
         run_dir.update_manifest(
+            schema_version=RESULT_SCHEMA_VERSION,
             started_at=previous.get("started_at", session["started_at"]),
             campaign=campaign.name, source=campaign.source, config=campaign.config(),
-            versions=package_versions(), lock=lock_file(), git={**git_revision(), **reference},
+            versions=package_versions(), lock=lock, git=code,
             system={**host_description(), "privilege": privilege()},
             execution=engine.describe(),
             networks={**previous.get("networks", {}), **networks},
@@ -179,7 +201,7 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
                 noted.add(outcome.group.id)
                 _note_group(run_dir, outcome)
             counts["ran"] += 1
-            counts["aborted"] += commit_outcome(campaign, run_dir, outcome)
+            counts["aborted"] += commit_outcome(campaign, run_dir, outcome, session_index)
             if not outcome.rerun:
                 progress.advance(task)
 
@@ -202,6 +224,7 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
             sessions = run_dir.read_manifest().get("sessions", [])
             if sessions:
                 sessions[-1] = {**sessions[-1], "ended_at": _now(), "status": status,
+                                "episodes": counts["ran"],  # committed attempts (rule 9)
                                 "execution": engine.describe()}  # with what happened in it
             run_dir.update_manifest(sessions=sessions, status=status, ended_at=_now())
             if run_dir.completed():
@@ -214,8 +237,10 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
                       counts["aborted"], time.monotonic() - t0, tuple(failures))
 
 
-def commit_outcome(campaign: Campaign, run_dir: RunDir, outcome: EpisodeOutcome) -> bool:
-    """Turn one outcome into result rows and commit them; True if it was aborted."""
+def commit_outcome(campaign: Campaign, run_dir: RunDir, outcome: EpisodeOutcome,
+                   session: int | None = None) -> bool:
+    """Turn one outcome into result rows and commit them (the episode row names the run's
+    ``session`` that made it, rule 9); True if it was aborted."""
     key, cell = outcome.key, outcome.cell
     schedule = campaign.schedule(cell, outcome.template)
     base = {"campaign": campaign.name, **cell.columns(), "backend": outcome.backend,
@@ -226,7 +251,7 @@ def commit_outcome(campaign: Campaign, run_dir: RunDir, outcome: EpisodeOutcome)
                        "scheduled_actions": schedule.counts.actions, "attempted_actions": 0,
                        "updates": schedule.counts.updates, "aborted": True,
                        "abort_reason": outcome.abort_reason, "wall_s": outcome.wall_s,
-                       "worker": outcome.worker}
+                       "worker": outcome.worker, "session": session}
         run_dir.record_episode(key, [], episode_row)
         return True
     rows = command_rows if campaign.kind == COMMAND_KIND else _rows
@@ -235,7 +260,7 @@ def commit_outcome(campaign: Campaign, run_dir: RunDir, outcome: EpisodeOutcome)
         write_decisions(run_dir.path, key, outcome.result.decisions,
                         {k: base[k] for k in ("episode", "cell", "policy", "family", "template")})
     run_dir.record_episode(key, actions, {**episode_row, "worker": outcome.worker,
-                                          "repeat": outcome.repeat})
+                                          "repeat": outcome.repeat, "session": session})
     return False
 
 

@@ -43,7 +43,7 @@ def test_clean_checkout_and_own_outputs_pass(repo: Path) -> None:
                                repo=repo)["code_dirty"] is False
     (repo / "results" / "old" / "manifest.json").write_text('{"changed": 1}\n')
     record = check_reference_run(repo / "results" / "new", allow_dirty=False, repo=repo)
-    assert record == {"code_dirty": False, "reference_output": True}
+    assert record == {"code_dirty": False, "reference_output": True, "on_main": True}
 
 
 def test_dirty_checkout_is_refused_unless_forced(repo: Path, tmp_path: Path) -> None:
