@@ -368,15 +368,18 @@ class Node(LiveOps, WireOps):
 
     async def _timed_hook(self, hook: str, call: Callable[[], Awaitable[None]]
                           ) -> dict[str, Any]:
-        """``stall_ms`` of the hook (0 off path) and the ``rpc_timeouts`` inside it."""
+        """The hook's ``stall_ms`` and rounds (0 off path), the ``rpc_timeouts`` inside it."""
         _, _, env, policy = self._ready()
         env.replan_ns = 0
         timeouts = self.counters.rpc_timeouts
+        mark = env.meter.mark()
         started = time.monotonic_ns()
         await call()
         elapsed = time.monotonic_ns() - started - env.replan_ns
-        return {"stall_ms": 0.0 if hook in policy.off_path_hooks else _ms(elapsed),
-                "rpc_timeouts": self.counters.rpc_timeouts - timeouts}
+        on_path = hook not in policy.off_path_hooks
+        return {"stall_ms": _ms(elapsed) if on_path else 0.0,
+                "rpc_timeouts": self.counters.rpc_timeouts - timeouts,
+                **env.meter.rounds_since(mark if on_path else None)}
 
     async def op_update(self, args: Mapping[str, Any]) -> dict[str, Any]:
         _, store, env, policy = self._ready()

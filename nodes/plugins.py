@@ -141,15 +141,33 @@ def load_plugin(name: str, *, distribution: tuple[str | None, str | None] | None
     return info
 
 
-def entry_point_plugins() -> list[PluginInfo]:
-    """Load every installed plugin of the entry-point group (rule 1)."""
+def _entry_points() -> list[tuple[str, tuple[str, str] | None, Any]]:
+    """(label ``dist:name``, distribution identity, loader) of every installed plugin."""
     out = []
     for ep in sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP),
                      key=lambda e: e.name):
         dist = ep.dist
         ident = (dist.metadata["Name"], dist.version) if dist is not None else None
-        label = f"{ident[0] if ident else '?'}:{ep.name}"
-        out.append(load_plugin(label, distribution=ident, loader=ep.load))
+        out.append((f"{ident[0] if ident else '?'}:{ep.name}", ident, ep.load))
+    return out
+
+
+def entry_point_plugins() -> list[PluginInfo]:
+    """Load every installed plugin of the entry-point group (rule 1)."""
+    return [load_plugin(label, distribution=ident, loader=loader)
+            for label, ident, loader in _entry_points()]
+
+
+def check_entry_point_plugins() -> list[PluginInfo | PluginError]:
+    """Try every installed plugin, each on its own: what loaded, and the one-line error
+    of each that did not (``testbed doctor``: one broken plugin fails every campaign,
+    since every campaign loads them all)."""
+    out: list[PluginInfo | PluginError] = []
+    for label, ident, loader in _entry_points():
+        try:
+            out.append(load_plugin(label, distribution=ident, loader=loader))
+        except PluginError as exc:
+            out.append(exc)
     return out
 
 

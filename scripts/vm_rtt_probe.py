@@ -93,9 +93,10 @@ def udp_rtts(ns_a: str, ns_b: str, count: int) -> list[float]:
             time.sleep(0.02)
     finally:
         stop.set()
+        with contextlib.suppress(OSError):  # wakes the echo thread's recvfrom at once
+            client.sendto(b"", (ADDR_B, 7100))
+        thread.join()  # no timeout: the sockets close only once it has ended
         client.close()
-        server.settimeout(0.1)
-        thread.join(timeout=12)
         server.close()
     return rtts
 

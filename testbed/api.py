@@ -29,6 +29,7 @@ import pandas as pd
 import trio
 from rich.console import Console
 
+from testbed import interrupts
 from testbed.campaign.model import Campaign
 from testbed.campaign.networks import check_backend
 from testbed.campaign.parse import load_campaign, parse_campaign
@@ -117,6 +118,10 @@ def run(campaign: Campaign, out: str | Path, *, resume: bool = False, extend: bo
     from testbed.run.loop import run_campaign
 
     out = Path(out)
+    again = "resume" if resume else "extend" if extend else None
+    if again is not None and not out.exists():  # it would start a new run there
+        raise UserError(f"{again}=True: {out} does not exist; there is no run to {again} "
+                        f"(check the path, or {again}=False to start a new run there)")
     attempts = AttemptPolicy(repeats, rerun_disturbed)
     lanes = jobs if jobs is not None else campaign.execution.jobs
     check_backend(campaign, backend or campaign.options.backend)
@@ -146,8 +151,9 @@ def run(campaign: Campaign, out: str | Path, *, resume: bool = False, extend: bo
             runner = EpisodeRunner(campaign, workdir_root=root, backend=backend,
                                    ledger=ledger, link_log_dir=out / "links",
                                    shared_emulator=lanes > 1)
-        with HostLanes(ledger.prefix, budget=host_lanes, campaign=campaign.name,
-                       label=label) as host:
+        # a second Ctrl-C while the run cleans up: one line, no cut-short cleanup
+        with interrupts.guard(), HostLanes(ledger.prefix, budget=host_lanes,
+                                           campaign=campaign.name, label=label) as host:
             summary.append(await run_campaign(campaign, out, resume=resume, extend=extend,
                                               jobs=lanes, runner=runner, console=printer,
                                               host=host, allow_dirty=allow_dirty,

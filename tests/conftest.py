@@ -11,6 +11,9 @@ pytest-trio re-raises a ``pytest.skip(reason)`` from inside an async test as a b
 (the report says only "Skipped"). The VM lane counts skips by their reason (a rate
 this machine is too slow to test is an allowed skip, anything else is not), so the
 reason is taken back from the original exception here.
+
+At the end, the seconds each layer's tests took (setup, call and teardown, summed by
+``tests/<layer>``, and ``tests/testbed/<stage>``) follow pytest's slowest durations.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
 
@@ -36,6 +40,36 @@ if "DASK_TEMPORARY_DIRECTORY" not in os.environ:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if _DASK_SCRATCH is not None:
         shutil.rmtree(_DASK_SCRATCH, ignore_errors=True)
+
+
+_LAYER_SECONDS: defaultdict[str, float] = defaultdict(float)
+_LAYER_TESTS: defaultdict[str, int] = defaultdict(int)
+
+
+def _layer(nodeid: str) -> str:
+    """tests/nodes/test_x.py::t -> tests/nodes; tests/testbed/run/... -> tests/testbed/run;
+    tests/test_house.py::t -> tests/test_house.py."""
+    parts = nodeid.split("::", 1)[0].split("/")
+    depth = 3 if len(parts) > 3 and parts[1] == "testbed" else 2
+    return "/".join(parts[:depth])
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    layer = _layer(report.nodeid)
+    _LAYER_SECONDS[layer] += report.duration
+    if report.when == "call" or (report.when == "setup" and not report.passed):
+        _LAYER_TESTS[layer] += 1
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
+                            config: pytest.Config) -> None:
+    if len(_LAYER_SECONDS) < 2:
+        return
+    terminalreporter.section("seconds per layer")
+    for layer, seconds in sorted(_LAYER_SECONDS.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"{seconds:8.1f} s {_LAYER_TESTS[layer]:5d} tests  {layer}")
+    terminalreporter.write_line(f"{sum(_LAYER_SECONDS.values()):8.1f} s in all")
 
 
 def _inner_skip_reason(exc: BaseException | None) -> str | None:

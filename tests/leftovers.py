@@ -119,17 +119,36 @@ def _state_dirs() -> list[Path]:
     return sorted(d for d in dirs if os.geteuid() == 0 or d != ledger_mod.STATE_DIR)
 
 
+def _events(data: bytes) -> Iterator[tuple[int, str]]:
+    """(watch descriptor, file name) of each inotify event in DATA."""
+    offset = 0
+    while offset < len(data):
+        wd, _mask, _cookie, size = _EVENT.unpack_from(data, offset)
+        raw = data[offset + _EVENT.size: offset + _EVENT.size + size]
+        offset += _EVENT.size + size
+        yield wd, raw.split(b"\0", 1)[0].decode(errors="replace")
+
+
 @contextlib.contextmanager
 def watch_runs() -> Iterator[RunWatch]:
-    """Watch the run-state directories while the block runs (module docstring)."""
+    """Watch the run-state directories while the block runs (module docstring).
+
+    The reader thread waits on the inotify descriptor and on a stop pipe together; the
+    block's end writes to the pipe, the reader takes every event still queued and ends,
+    and only then are the descriptors closed. (It used to be stopped by a flag it polled
+    every 50 ms and joined with a timeout, and the inotify descriptor was closed even
+    when the reader had not ended on a loaded host: the next test's pipe got the same
+    number and the reader, still running, read that test's output.)
+    """
     watch = RunWatch()
     libc = ctypes.CDLL(None, use_errno=True)
     fd = libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
     if fd < 0:
         raise OSError(ctypes.get_errno(), "inotify_init1")
-    dirs: dict[int, Path] = {}
-    stop = threading.Event()
+    stop_r = stop_w = -1
     try:
+        stop_r, stop_w = os.pipe2(os.O_CLOEXEC)
+        dirs: dict[int, Path] = {}
         for d in _state_dirs():
             d.mkdir(mode=0o700, parents=True, exist_ok=True)
             wd = libc.inotify_add_watch(fd, str(d).encode(),
@@ -137,37 +156,44 @@ def watch_runs() -> Iterator[RunWatch]:
             if wd < 0:
                 raise OSError(ctypes.get_errno(), f"inotify_add_watch {d}")
             dirs[wd] = d
+        failure: list[BaseException] = []
 
-        def read_events() -> None:
+        def take_queued() -> None:
             while True:
-                ready, _, _ = select.select([fd], [], [], 0.05)
-                if not ready:
-                    if stop.is_set():
-                        return
-                    continue
                 try:
                     data = os.read(fd, 1 << 16)
                 except BlockingIOError:
-                    continue
-                offset = 0
-                while offset < len(data):
-                    wd, _mask, _cookie, size = _EVENT.unpack_from(data, offset)
-                    raw = data[offset + _EVENT.size: offset + _EVENT.size + size]
-                    offset += _EVENT.size + size
-                    name = raw.split(b"\0", 1)[0].decode(errors="replace")
+                    return  # the queue is empty
+                for wd, name in _events(data):
                     if name.startswith("tb") and name.endswith(".json") and wd in dirs:
                         watch.note(dirs[wd] / name)
+
+        def read_events() -> None:
+            try:
+                poller = select.poll()
+                poller.register(fd, select.POLLIN)
+                poller.register(stop_r, select.POLLIN)
+                while True:
+                    ready = {ready_fd for ready_fd, _ in poller.poll()}
+                    take_queued()  # on a stop too: the block's last events
+                    if stop_r in ready:
+                        return
+            except BaseException as exc:  # the block's end raises it (a watch that broke)
+                failure.append(exc)
 
         reader = threading.Thread(target=read_events, name="leftovers-watch", daemon=True)
         reader.start()
         try:
             yield watch
         finally:
-            time.sleep(0.1)  # the last events of the block
-            stop.set()
-            reader.join(5.0)
+            os.write(stop_w, b"x")
+            reader.join()  # no timeout: nothing below closes a descriptor it may still read
+        if failure:
+            raise failure[0]
     finally:
-        os.close(fd)
+        for own in (fd, stop_r, stop_w):
+            if own >= 0:
+                os.close(own)
 
 
 def prefix_objects(prefix: str) -> list[str]:

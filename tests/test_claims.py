@@ -21,6 +21,9 @@ from testbed.report.claims import (
     mismatches,
     uncovered,
 )
+from testbed.report.paper import reference_value
+
+pytestmark = pytest.mark.claims
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 CLAIMS = load_claims(RESULTS / "claims.toml")
@@ -38,6 +41,21 @@ def test_claim_holds(claim: Claim) -> None:
 def test_given_is_in_the_readme(given: Claim) -> None:
     assert contains(README, given)
     assert given.why
+
+
+PAPER_GIVEN = [g for g in CLAIMS.given if g.paper]
+
+
+@pytest.mark.parametrize("given", PAPER_GIVEN, ids=lambda c: c.plain[:50])
+def test_given_from_the_paper_matches_its_table(given: Claim) -> None:
+    """A given citing the paper's tables names its cells (testbed/report/paper_numbers.csv)
+    and each bracketed number is what they give, to the README's last digit."""
+    values = [reference_value(ref) for ref in given.paper]
+    assert mismatches(given, values) == []
+
+
+def test_givens_cite_the_paper_file() -> None:
+    assert len(PAPER_GIVEN) >= 20, "the paper's givens lost their references"
 
 
 def test_every_number_of_the_checked_sections_is_covered() -> None:

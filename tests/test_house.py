@@ -36,17 +36,20 @@ MAX_LINES = 500
 #: testbed stage -> the stages it may import (besides itself and testbed/__init__).
 STAGES: dict[str, set[str]] = {
     "errors": set(),
+    "interrupts": set(),
     "host": {"errors"},
     "links": {"errors", "host"},
-    "net": {"errors", "host", "links"},
+    "net": {"errors", "interrupts", "host", "links"},
     "campaign": {"errors", "links"},
     "results": {"errors", "campaign"},
     "report": {"errors", "links", "campaign", "results"},
-    "run": {"errors", "host", "links", "net", "campaign", "results"},
-    "tools": {"errors", "host", "links", "net", "campaign", "results", "run", "report"},
-    "api": {"errors", "host", "links", "net", "campaign", "results", "run", "report", "tools"},
-    "cli": {"errors", "host", "links", "net", "campaign", "results", "run", "report", "tools",
-            "api"},
+    "run": {"errors", "interrupts", "host", "links", "net", "campaign", "results"},
+    "tools": {"errors", "interrupts", "host", "links", "net", "campaign", "results", "run",
+              "report"},
+    "api": {"errors", "interrupts", "host", "links", "net", "campaign", "results", "run",
+            "report", "tools"},
+    "cli": {"errors", "interrupts", "host", "links", "net", "campaign", "results", "run",
+            "report", "tools", "api"},
     "__main__": {"cli"},
 }
 #: top-level package -> the project packages it may import.
@@ -259,7 +262,7 @@ def spelled_out_registries(path: Path, registries: dict[str, set[str]]) -> list[
         for what, registry in registries.items():
             if registry <= names:
                 where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name
-                found.append(f"{where}:{node.lineno}: every {what}")
+                found.append(f"{where}:{getattr(node, 'lineno', 1)}: every {what}")
     return found
 
 

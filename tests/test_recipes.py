@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.claims
+
 ROOT = Path(__file__).resolve().parents[1]
 NETWORK_TESTS = ("tests/testbed/links/test_profiles.py", "tests/testbed/links/test_netdef.py",
                  "tests/testbed/links/test_traces.py",

@@ -26,8 +26,11 @@ Rules:
    ``a0``.. below the grid's smallest ``agents``, or ``command.hosts``).
 2. At least one run is not a service (an episode ends when those have exited).
 3. Placeholders of ``testbed.net.commands`` (``{host}``, ``{addr}``, ``{addr:NAME}``,
-   ``{hosts}``) work in ``argv``, and so do ``{policy}``, ``{episode}`` and ``{seed}``;
-   relative paths start in ``cwd`` (default: the campaign file's folder).
+   ``{hosts}``) work in ``argv`` and in ``env`` values, and so do ``{policy}``,
+   ``{episode}`` and ``{seed}`` (:data:`PLACEHOLDERS`); relative paths start in ``cwd``
+   (default: the campaign file's folder). In ``argv`` other text in braces is left alone
+   (``awk '{print $1}'``); in an ``env`` value a ``{name}`` that is no placeholder is
+   refused in one line listing them (it would reach the program literally).
 4. :func:`command_to_data` writes the spec back as a table that parses to an equal spec
    (the manifest's config, ``--resume``).
 """
@@ -58,6 +61,11 @@ _ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _AGENT = re.compile(r"^a(\d+)$")
 _ADDR = re.compile(r"\{addr:([^{}]*)\}")
 RESERVED_PREFIX = "TESTBED_"
+#: What ``argv`` and ``env`` values may hold in braces (rule 3): the episode's, then those
+#: of ``testbed.net.commands``.
+PLACEHOLDERS = ("{policy}", "{episode}", "{seed}", "{host}", "{addr}", "{addr:NAME}",
+                "{hosts}")
+_BRACED = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(?::([^{}]*))?\}")
 
 
 class CommandTableError(UserError):
@@ -102,7 +110,7 @@ def _fail(where: str, value: Any, allowed: str) -> CommandTableError:
     return CommandTableError(f"{where}: {value!r} is not allowed; allowed: {allowed}")
 
 
-def _env(value: Any, where: str) -> tuple[tuple[str, str], ...]:
+def _env(value: Any, where: str, known: Sequence[str]) -> tuple[tuple[str, str], ...]:
     if not isinstance(value, Mapping):
         raise _fail(where, value, 'a table of strings, e.g. { MODE = "fast" }')
     out = []
@@ -112,8 +120,28 @@ def _env(value: Any, where: str) -> tuple[tuple[str, str], ...]:
                         f"(names starting {RESERVED_PREFIX} are the testbed's)")
         if not isinstance(item, str | int | float) or isinstance(item, bool):
             raise _fail(f"{where}.{key}", item, "a string or a number")
+        _check_placeholders(str(item), f"{where}.{key}", known)
         out.append((str(key), str(item)))
     return tuple(out)
+
+
+def _check_placeholders(text: str, where: str, known: Sequence[str]) -> None:
+    """Every ``{name}`` in an env value is a placeholder (rule 3)."""
+    for match in _BRACED.finditer(text):
+        name, host = match.group(1), match.group(2)
+        if name == "addr" and host is not None:
+            if host not in known:
+                raise _fail(f"{where}: {{addr:{host}}}", host, f"a host ({', '.join(known)})")
+        elif host is not None or f"{{{name}}}" not in PLACEHOLDERS:
+            raise CommandTableError(f"{where}: {match.group(0)!r} is not a placeholder; "
+                                    f"allowed: {', '.join(PLACEHOLDERS)}")
+
+
+def fill_episode(text: str, *, policy: str, episode: str, seed: int) -> str:
+    """TEXT (an argument or env value) with the episode's placeholders filled in (rule 3;
+    those of hosts are filled per host when the program starts)."""
+    return text.replace("{policy}", policy).replace("{episode}", episode) \
+        .replace("{seed}", str(seed))
 
 
 def _number(table: Mapping[str, Any], key: str, default: float, high: float, *,
@@ -230,7 +258,7 @@ def parse_command(value: Any, *, agents: int, base_dir: Path | None) -> CommandW
         timeout_s=_number(value, "timeout_s", DEFAULT_TIMEOUT_S, 86400.0),
         unit_ms=_number(value, "unit_ms", DEFAULT_UNIT_MS, 3_600_000.0),
         lead_ms=_number(value, "lead_ms", DEFAULT_LEAD_MS, 3_600_000.0, zero=True),
-        env=_env(value.get("env", {}), "command.env"), cwd=cwd, source_cwd=cwd_text)
+        env=_env(value.get("env", {}), "command.env", known), cwd=cwd, source_cwd=cwd_text)
 
 
 def _run(raw: Any, where: str, known: Sequence[str]) -> Run:
@@ -254,7 +282,7 @@ def _run(raw: Any, where: str, known: Sequence[str]) -> Run:
         raise _fail(f"{where}.service", service, "true or false")
     ready = check_ready(raw["ready"], f"{where}.ready") if "ready" in raw else None
     return Run(on=on, argv=argv, service=service, ready=ready,
-               env=_env(raw.get("env", {}), f"{where}.env"))
+               env=_env(raw.get("env", {}), f"{where}.env", known))
 
 
 def command_to_data(spec: CommandWorkload) -> dict[str, Any]:

@@ -69,6 +69,7 @@ from testbed.campaign.vocabulary import (
 from testbed.campaign.workload import (
     DERIVATIONS,
     FAMILIES,
+    MAX_SEED,
     TEMPLATES_PER_FAMILY,
     WorkloadError,
     round_robin_templates,
@@ -153,8 +154,9 @@ def parse_campaign(data: Mapping[str, Any], *, source: str = "<campaign>",
         raise CampaignError(f"name: {name!r} is not allowed; allowed: 1-64 letters, digits, "
                             "'_', '.', '-' (starting with a letter or digit)")
     seed = data["seed"]
-    if not _is_int(seed) or seed < 0:
-        raise CampaignError(f"seed: {seed!r} is not allowed; allowed: an integer >= 0")
+    if not _is_int(seed) or not 0 <= seed <= MAX_SEED:
+        raise CampaignError(f"seed: {seed!r} is not allowed; allowed: an integer "
+                            f"0..{MAX_SEED} (2**63 - 1)")
     description = data.get("description", "")
     if not isinstance(description, str):
         raise CampaignError(f"description: {description!r} is not allowed; allowed: a string")

@@ -5,7 +5,8 @@ Rules:
 1. ``plugins = [...]`` in a campaign file (and ``--plugin`` on the command line) names
    modules on ``sys.path`` or ``.py`` files (relative to the campaign file's folder);
    installed entry-point plugins are loaded too (``nodes.plugins``). A plugin that
-   cannot be used is one ``CampaignError`` line naming it, before anything starts.
+   cannot be used is one ``CampaignError`` line naming it, before anything starts (an
+   installed one a ``HostError``: the installation's fault, whatever the campaign).
 2. The manifest records, per plugin that registered a policy the campaign runs (and
    per plugin the campaign names), its distribution, version and source SHA-256;
    ``--resume``/``--extend`` refuse a run whose plugin is gone or changed.
@@ -20,8 +21,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from nodes.plugins import PluginError, load_plugin, load_plugins, loaded_plugins, plugin_of
+from nodes.plugins import (
+    PluginError,
+    entry_point_plugins,
+    load_plugin,
+    load_plugins,
+    loaded_plugins,
+    plugin_of,
+)
 from testbed.campaign.model import Campaign, CampaignError
+from testbed.errors import HostError
 
 
 def resolve_names(names: Any, *, base_dir: Path | None, where: str = "plugins"
@@ -42,9 +51,15 @@ def resolve_names(names: Any, *, base_dir: Path | None, where: str = "plugins"
 
 
 def load(names: Sequence[str], *, where: str = "plugins") -> None:
-    """Load entry-point plugins and ``names`` (rule 1)."""
+    """Load entry-point plugins and ``names`` (rule 1). An installed plugin that cannot
+    be loaded is this host's installation's fault (``HostError``), not the campaign's."""
     try:
-        load_plugins(names)
+        entry_point_plugins()
+    except PluginError as exc:
+        raise HostError(f"installed policy {exc}; fix or uninstall it (`testbed doctor` "
+                        "checks every installed plugin)") from None
+    try:
+        load_plugins(names, entry_points=False)
     except PluginError as exc:
         raise CampaignError(f"{where}: {exc}") from None
 

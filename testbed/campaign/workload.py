@@ -66,6 +66,11 @@ MAX_KEYS = 128
 MAX_AGENTS = 16
 MIN_UNITS = 4
 MAX_UNITS = 4096
+MAX_SEED = 2**63 - 1
+"""The largest campaign seed: every episode row records it in the ``seed`` column, a
+signed 64-bit integer (``testbed.results.schema``). (The schedule digest,
+:func:`schedule_digest`, and the userspace emulator's configure message carry it as a
+msgpack integer, which would allow up to 2**64 - 1.)"""
 COMPACT_BYTES = (512, 4096)
 ARTIFACT_BYTES = (256 * 1024, 320 * 1024)
 _DIGEST_VERSION = 1

@@ -4,7 +4,9 @@ One module per group of sub-commands, each with a ``register(subparsers)`` that 
 its parsers (:data:`COMMAND_MODULES`); ``common`` holds what they share. Whose fault it
 was decides how a failure ends (``testbed.errors``): bad user input is one line on
 stderr and exit status 2; a host that lacks something is one line and exit status 3;
-anything else is a bug in the testbed and shows its traceback (exit 1).
+anything else is a bug in the testbed and shows its traceback (exit 1). An interrupt
+(Ctrl-C, SIGTERM) ends ``run`` and ``exec`` with one line once what they built is removed:
+exit status 130 for SIGINT, 143 for SIGTERM (``testbed.interrupts``).
 ``TESTBED_DEBUG=1`` shows the traceback of the first two kinds too.
 """
 
@@ -15,6 +17,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
+from testbed import interrupts
 from testbed.cli import (
     bench,
     campaigns,
@@ -26,6 +29,7 @@ from testbed.cli import (
     policies,
     precision,
     programs,
+    reproduce,
     verify,
 )
 from testbed.cli.common import (
@@ -40,7 +44,10 @@ from testbed.errors import HostError, UserError, one_line
 
 #: Sub-command modules in the order `testbed --help` lists them.
 COMMAND_MODULES = (info, examples, campaigns, precision, programs, policies, cluster, maintenance,
-                   model, bench, verify)
+                   model, bench, verify, reproduce)
+#: Commands whose SIGINT and SIGTERM end them with one line once everything they built is
+#: removed, exit status 128 + the signal (testbed.interrupts).
+INTERRUPTIBLE = ("run", "exec")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,16 +72,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
-    try:
-        return func(args)
-    except KeyboardInterrupt:
-        print("testbed: interrupted", file=sys.stderr)
-        return 130
-    except (UserError, HostError) as exc:
-        if os.environ.get("TESTBED_DEBUG"):
-            raise
-        print(f"testbed {args.cmd}: {one_line(exc)}", file=sys.stderr)
-        return EXIT_USER if isinstance(exc, UserError) else EXIT_HOST
+    with interrupts.handled(args.cmd in INTERRUPTIBLE):
+        try:
+            return func(args)
+        except (KeyboardInterrupt, BaseExceptionGroup) as exc:
+            if not interrupts.is_interrupt(exc):
+                raise
+            detail = f"; {exc.detail}" if isinstance(exc, interrupts.Interrupted) else ""
+            print(f"testbed: interrupted{detail}", file=sys.stderr)
+            return 128 + interrupts.signal_of(exc)
+        except (UserError, HostError) as exc:
+            if os.environ.get("TESTBED_DEBUG"):
+                raise
+            print(f"testbed {args.cmd}: {one_line(exc)}", file=sys.stderr)
+            return EXIT_USER if isinstance(exc, UserError) else EXIT_HOST
 
 
 if __name__ == "__main__":

@@ -233,6 +233,33 @@ def _exec_args(b: argparse.ArgumentParser) -> None:
                    help="network sizes (default 2,8)")
 
 
+def _disturbance(args: argparse.Namespace, out: Console, json_path: Path | None) -> Any:
+    import os
+
+    if "fixed" in args.networks:
+        require_namespaces("bench disturbance")
+    if len(os.sched_getaffinity(0)) < 2:
+        raise UserError("bench disturbance: needs two CPUs (the nodes and the busy "
+                        "processes share one, the controller keeps the other)")
+    from testbed.tools.bench_disturbance import bench_disturbance
+
+    bench_disturbance(json_path, out, networks=args.networks, templates=args.templates,
+                      rounds=args.rounds, write=args.write_calibration)
+    return None  # the table is printed
+
+
+def _disturbance_args(b: argparse.ArgumentParser) -> None:
+    b.add_argument("--networks", type=lambda text: [n for n in text.split(",") if n],
+                   default=["loopback", "fixed"], metavar="N1,N2",
+                   help="networks to measure (default loopback,fixed)")
+    b.add_argument("--templates", type=positive_int, default=3, metavar="N",
+                   help="schedules per round (default 3)")
+    b.add_argument("--rounds", type=positive_int, default=2, metavar="N",
+                   help="rounds of every arm (default 2)")
+    b.add_argument("--write-calibration", action="store_true",
+                   help="write the fit into the disturbance verdict's calibration file")
+
+
 def _calibrate(args: argparse.Namespace, out: Console, json_path: Path | None) -> Any:
     import trio
 
@@ -296,6 +323,9 @@ BENCHES: tuple[Bench, ...] = (
                      "on one bridge, TLS) against a local run", _cluster, _cluster_args),
     Bench("exec", "testbed exec: from the call to the command's first instruction, and from "
                   "its exit to everything removed (2 and 8 hosts)", _exec, _exec_args),
+    Bench("disturbance", "stall change per ms of the nodes' run-queue wait (busy processes "
+          "beside a team), the disturbance verdict's sensitivity", _disturbance,
+          _disturbance_args),
     Bench("calibrate", "how fast this machine moves full-size datagrams over an unshaped "
                        "link (what rate checks may demand of it)", _calibrate,
           _calibrate_args),

@@ -12,6 +12,7 @@ from testbed.cli.cluster import access_from, add_access_args
 from testbed.cli.common import (
     ARGV,
     DEFAULT_RESULTS,
+    EXIT_ALL_ABORTED,
     EXIT_UNITS_FAILED,
     check_namespaces,
     cluster_spec,
@@ -75,21 +76,51 @@ def cmd_run(args: argparse.Namespace) -> int:
         return cmd_check(args)
     campaign = _load(args)
     out = directory("--out", args.out) or DEFAULT_RESULTS / campaign.name
-    if args.until_resolved is not None:
-        from testbed.tools.until_resolved import run_until_resolved
+    _check_again(args, out)
+    try:
+        if args.until_resolved is not None:
+            from testbed.tools.until_resolved import run_until_resolved
 
-        summaries: list[Any] = []
+            summaries: list[Any] = []
 
-        def execute(grown: Any, attempts: Any, resume: bool, extend: bool) -> None:
-            summaries.append(_execute(args, grown, out, attempts, resume=resume,
-                                      extend=extend))
+            def execute(grown: Any, attempts: Any, resume: bool, extend: bool) -> None:
+                summaries.append(_execute(args, grown, out, attempts, resume=resume,
+                                          extend=extend))
 
-        status = run_until_resolved(args, campaign, out, execute, console())
-        return max([status, *(_ended(summary) for summary in summaries)])
-    summary = _execute(args, campaign, out, AttemptPolicy(args.repeats, args.rerun_disturbed),
-                       resume=args.resume, extend=args.extend)
+            status = run_until_resolved(args, campaign, out, execute, console())
+            return max([status, *(_ended(summary) for summary in summaries)])
+        summary = _execute(args, campaign, out,
+                           AttemptPolicy(args.repeats, args.rerun_disturbed),
+                           resume=args.resume, extend=args.extend)
+    except (KeyboardInterrupt, BaseExceptionGroup) as exc:
+        from testbed import interrupts
+
+        if not interrupts.is_interrupt(exc):
+            raise
+        raise interrupts.Interrupted(_kept(out), interrupts.signal_of(exc)) from None
     console().print(f"results: {out}")
     return _ended(summary)
+
+
+def _check_again(args: argparse.Namespace, out: Path) -> None:
+    """``--resume`` / ``--extend`` continue a run: refuse a directory that does not
+    exist (they would silently start a new run there)."""
+    flag = "--resume" if args.resume else "--extend" if args.extend else None
+    if flag is not None and not out.exists():
+        raise UserError(f"{flag}: {out} does not exist; there is no run to "
+                        f"{flag.removeprefix('--')} (check --out, or drop {flag} to start "
+                        "a new run there)")
+
+
+def _kept(out: Path) -> str:
+    """What an interrupted run leaves (testbed.interrupts): its committed episodes."""
+    from testbed.results.rundir import RunDir
+
+    run_dir = RunDir(out)
+    if not run_dir.manifest_path.exists():  # stopped before its first episode: removed
+        return "no episode was kept, nothing to resume"
+    kept = len(run_dir.completed())
+    return f"{kept} episode{'s' if kept != 1 else ''} kept, resume with --resume"
 
 
 def _execute(args: argparse.Namespace, campaign: Any, out: Path, attempts: Any, *,
@@ -138,17 +169,20 @@ def _execute(args: argparse.Namespace, campaign: Any, out: Path, attempts: Any, 
     access = access_from(args)
 
     async def main(ledger: Ledger) -> RunSummary:
+        from testbed.interrupts import guard
         from testbed.run.dask_engine import open_dask_engine
 
-        async with open_dask_engine(cluster, backend=args.backend, workdir=workdir,
-                                    allow_mixed_backends=mixed, access=access,
-                                    say=lambda line: out_console.print(
-                                        line, markup=False)) as engine:
-            await engine.survey(campaign)
-            return await run_campaign(campaign, out, resume=resume, extend=extend,
-                                      engine=engine, console=out_console, attempts=attempts,
-                                      allow_dirty=dirty, allow_code_change=code_change,
-                                      allow_side_branch=side)
+        with guard():  # a second Ctrl-C while it cleans up: one line (testbed.interrupts)
+            async with open_dask_engine(cluster, backend=args.backend, workdir=workdir,
+                                        allow_mixed_backends=mixed, access=access,
+                                        say=lambda line: out_console.print(
+                                            line, markup=False)) as engine:
+                await engine.survey(campaign)
+                return await run_campaign(campaign, out, resume=resume, extend=extend,
+                                          engine=engine, console=out_console,
+                                          attempts=attempts, allow_dirty=dirty,
+                                          allow_code_change=code_change,
+                                          allow_side_branch=side)
 
     from testbed.run.dask_engine import SchedulerLost
     from testbed.run.resume import scheduler_lost_line
@@ -163,13 +197,46 @@ def _execute(args: argparse.Namespace, campaign: Any, out: Path, attempts: Any, 
 
 def _ended(summary: Any) -> int:
     """Exit status 4 and one line per kind of trouble when units failed or the run
-    could not remove what it made (testbed.run.failures rule 5)."""
+    could not remove what it made (testbed.run.failures rule 5); else exit status 5 and
+    the first abort reasons when every episode of the run was aborted."""
     from testbed.run.failures import ending_lines
 
     lines = ending_lines(summary)
-    for line in lines:
+    aborted = _all_aborted(summary)
+    for line in [*lines, *aborted]:
         print(line, file=sys.stderr)
-    return EXIT_UNITS_FAILED if lines else 0
+    return EXIT_UNITS_FAILED if lines else EXIT_ALL_ABORTED if aborted else 0
+
+
+#: Abort reasons ``testbed run`` names when every episode was aborted.
+ABORT_REASONS_SHOWN = 3
+
+
+def _all_aborted(summary: Any) -> list[str]:
+    """One line per abort reason (the first :data:`ABORT_REASONS_SHOWN`, in the order
+    the episodes were recorded) when this run ran episodes and every episode of its
+    directory is aborted: nothing was measured, and exit status 0 would hide it."""
+    path = Path(summary.out_dir) / "episodes.parquet"
+    if summary.ran == 0 or summary.aborted < summary.ran or not path.exists():
+        return []
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(path, columns=["aborted", "abort_reason"]).to_pylist()
+    if not rows or not all(row["aborted"] for row in rows):
+        return []
+    reasons: dict[str, int] = {}
+    for row in rows:
+        text = " | ".join(line.strip() for line in str(row["abort_reason"] or "").splitlines()
+                          if line.strip()) or "(no reason recorded)"
+        reasons[text[:300]] = reasons.get(text[:300], 0) + 1
+    every = f"all {len(rows)} episodes" if len(rows) != 1 else "the one episode"
+    lines = [f"testbed run: {every} aborted, nothing was measured; reason ({count} "
+             f"episode{'s' if count != 1 else ''}): {reason}"
+             for reason, count in list(reasons.items())[:ABORT_REASONS_SHOWN]]
+    if len(reasons) > ABORT_REASONS_SHOWN:
+        lines[-1] += (f" (and {len(reasons) - ABORT_REASONS_SHOWN} more reasons: "
+                      f"abort_reason in {path})")
+    return lines
 
 
 def cmd_report(args: argparse.Namespace) -> int:

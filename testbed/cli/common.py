@@ -2,8 +2,11 @@
 
 Whose fault it was decides how a failure ends (``testbed.errors``): bad user input is
 one line on stderr and exit status 2; a host that lacks something is one line and exit
-status 3; a campaign whose units failed ends with a one-line summary and exit status 4;
-anything else is a bug in the testbed and shows its traceback (exit 1).
+status 3; a campaign whose units failed ends with a one-line summary and exit status 4,
+one whose every episode was aborted with its first abort reasons and exit status 5; an
+interrupt (Ctrl-C, SIGTERM) of ``run`` or ``exec`` ends with one line and exit status
+130 or 143 (``testbed.interrupts``); anything else is a bug in the testbed and shows its
+traceback (exit 1).
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ EXIT_USER, EXIT_HOST = 2, 3
 EXIT_UNITS_FAILED = 4
 """``testbed run`` finished, but units of it failed (testbed.run.failures): a one-line
 summary says how many and why; their episodes are recorded as aborted."""
+EXIT_ALL_ABORTED = 5
+"""``testbed run`` finished, but every episode of the run is aborted: nothing was
+measured. One line per abort reason (at most 3) says why."""
 
 USERNS_ENV = "TESTBED_IN_NEW_USERNS"
 """Set when ``testbed`` re-executes itself to start inside a user namespace of its own."""

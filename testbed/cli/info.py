@@ -4,16 +4,24 @@ the link catalogue offer."""
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
-from testbed.cli.common import PLOT_FORMATS, console, output_file
+from testbed.cli.common import EXIT_HOST, PLOT_FORMATS, console, output_file
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from testbed.tools.doctor import render_doctor, run_doctor
+    """The table of probes; a problem that fails every campaign (a broken installed
+    policy plugin) is also one line on stderr and exit status 3. What this host's kernel
+    cannot do is no such problem: the table says which backend runs instead."""
+    from testbed.tools.doctor import FATAL_CHECKS, render_doctor, run_doctor
 
-    render_doctor(run_doctor(), console())
-    return 0
+    checks = run_doctor()
+    render_doctor(checks, console())
+    problems = [c for c in checks if c.name in FATAL_CHECKS and not c.ok]
+    for check in problems:
+        print(f"testbed doctor: problem: {check.name}: {check.detail}", file=sys.stderr)
+    return EXIT_HOST if problems else 0
 
 
 def cmd_traces(args: argparse.Namespace) -> int:

@@ -27,7 +27,8 @@ runs it on HOST (repeat for more: commands start in the order given). Per --on:
 Placeholders: {host}, {addr} (this host), {addr:NAME} (host NAME), {hosts}. Environment:
 TESTBED_HOST, TESTBED_ADDR, TESTBED_HOSTS, TESTBED_ADDR_<NAME>, TESTBED_T0_NS. Host names
 resolve inside the hosts (/etc/hosts of the run). Exit status: the commands' (the first
-that failed), 124 on --timeout, 125 when a command did not become ready.
+that failed), 124 on --timeout, 125 when a command did not become ready, 130 on Ctrl-C
+and 143 on SIGTERM (once everything is removed).
 
 examples:
   testbed exec att --on c -- ping -c 20 {addr:s}
@@ -120,11 +121,18 @@ def cmd_exec(args: argparse.Namespace) -> int:
     require_root("exec")
     if parsed.timeout is not None and not parsed.timeout > 0:
         _exec_parser().error("--timeout: a number of seconds > 0")
+
+    async def main() -> int:
+        from testbed.interrupts import guard
+
+        with guard():  # a second Ctrl-C while it cleans up: one line (testbed.interrupts)
+            return await run_exec(
+                choice_from_args(parsed), segments, timeout_s=parsed.timeout,
+                stream=parsed.stream, output_dir=directory("--output", parsed.output),
+                link_log=_link_log(parsed.link_log), quiet=parsed.quiet)
+
     try:
-        return trio.run(lambda: run_exec(
-            choice_from_args(parsed), segments, timeout_s=parsed.timeout,
-            stream=parsed.stream, output_dir=directory("--output", parsed.output),
-            link_log=_link_log(parsed.link_log), quiet=parsed.quiet))
+        return trio.run(main)
     finally:
         _quick_exit()
         write_timings()

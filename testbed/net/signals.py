@@ -9,6 +9,10 @@ SIGTERM; a child inherits the handler, and calling into the parent's trio run th
 blocks on locks other threads held at the fork, so the child never exits and the
 parent waits for it forever (seen once in a 320-episode campaign). In any other
 process the handler therefore does what SIGTERM does by default: exit at once.
+
+Where the command line makes SIGTERM reach trio as KeyboardInterrupt, as Ctrl-C does
+(``testbed run``, ``testbed exec``: ``testbed.interrupts.owns_sigterm``), no handler is
+installed here.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import trio
+
+from testbed.interrupts import owns_sigterm
 
 
 class _SigtermScopes:
@@ -65,8 +71,8 @@ def cancel_on_sigterm(scope: trio.CancelScope) -> Iterator[None]:
     started in the background by a non-interactive shell ignores SIGINT. Cancelling through
     the trio token is safe at any point, unlike raising from the signal handler.
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield
+    if threading.current_thread() is not threading.main_thread() or owns_sigterm():
+        yield  # (owns_sigterm: SIGTERM reaches trio as Ctrl-C does, testbed.interrupts)
         return
     _SIGTERM_SCOPES.add(scope)
     try:

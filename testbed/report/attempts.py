@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from testbed.results.schema import CELL_COLUMNS, STUDY_COLUMNS
+from testbed.results.verdict import BUSY_PCT, RESOLUTION
 
 #: Summed over repeats (rule 2).
 SUM_COLUMNS = ("scheduled", "available", "invalid_n", "valid", "recorded",
@@ -117,9 +118,24 @@ def disturbed_lines(attempts: pd.DataFrame, excluded: tuple[int, int] | None) ->
     lines = []
     flagged = attempts[attempts["disturbed"]]
     measured = attempts["node_runq_wait_ms"].notna().sum()
+    lines.append(f"Disturbed means the host's contention could have moved an episode's stall "
+                 f"by more than the run's resolution ({RESOLUTION:.0%}; docs/campaigns.md, "
+                 f"\"Disturbance\"): {len(flagged)} of {measured} measured attempts.")
+    if "disturbance_bound_pct" in attempts and attempts["disturbance_bound_pct"].notna().any():
+        worst = attempts.groupby("cell")["disturbance_bound_pct"].median().dropna()
+        if not worst.empty:
+            lines.append(f"How far the host could have moved a cell's stall (median over its "
+                         f"attempts): at most {worst.max():.1f}% ({worst.idxmax()}), "
+                         f"{worst.median():.1f}% in the median cell.")
+    if "host_busy_pct" in attempts and attempts["host_busy_pct"].notna().any():
+        busy = int((attempts["host_busy_pct"] > BUSY_PCT).sum())
+        lines.append(f"For information, not a verdict: the host's CPUs were more than "
+                     f"{BUSY_PCT:.0f}% busy during {busy} of "
+                     f"{int(attempts['host_busy_pct'].notna().sum())} attempts (median "
+                     f"{attempts['host_busy_pct'].median():.0f}%).")
     if flagged.empty:
-        lines.append(f"No attempt was disturbed ({measured} measured): no node waited for a "
-                     "CPU beyond the thresholds of docs/campaigns.md (\"Disturbance\").")
+        lines.append(f"No attempt was disturbed ({measured} measured): nothing the host did "
+                     "could have moved a stall beyond the resolution.")
     else:
         lines.append(f"DISTURBED {len(flagged)} of {measured} attempts "
                      f"({flagged['episode'].nunique()} episodes); per cell:")

@@ -16,6 +16,7 @@ from testbed.report.delay_figure import delay_figure
 from testbed.report.figures import build_figures
 from testbed.report.link_figures import link_figures, link_health_lines, resolve_episode
 from testbed.report.load import load_run
+from testbed.report.paper_beside import paper_section
 from testbed.report.render import ReportInputs, render_html, render_markdown
 from testbed.report.stats import DEFAULT_DRAWS
 from testbed.report.tables import build_tables
@@ -43,8 +44,9 @@ def build_report(
 
     Keys of the result: ``campaign``, ``tables`` (names), ``table_files``, ``figures``
     (PNG and SVG paths), ``figure_data`` (CSV behind figures), ``report_md``,
-    ``report_html``, ``notes`` (parts skipped and why). ``episode``: the episode whose
-    link plots to draw (default: the first with a link log of each network).
+    ``report_html``, ``notes`` (parts skipped and why), ``paper`` (the name of the
+    paper-beside table under tables/, None when no cell compares). ``episode``: the
+    episode whose link plots to draw (default: the first with a link log of each network).
     ``exclude_disturbed``: leave disturbed attempts out of every table and figure.
     """
     if draws < 1:
@@ -69,6 +71,11 @@ def build_report(
     for table in tables:
         table_files += write_table(table, run_dir / "tables")
     say(f"report: {len(tables)} tables -> {run_dir / 'tables'}")
+    paper, paper_line = paper_section(run)
+    if paper is not None:
+        table_files += write_table(paper, run_dir / "tables")
+    say(f"report: the paper beside this run: {len(paper.rows)} cells" if paper is not None
+        else f"report: {paper_line}")
     kind = trial_kind(run)
     if kind in ("episodes", COMMAND_KIND):
         if kind == "episodes":
@@ -87,7 +94,7 @@ def build_report(
     say(f"report: {len(figure_paths)} figure files -> {run_dir / 'figures'}")
     pngs = [p for p in figure_paths if p.suffix == ".png"]
     inputs = ReportInputs(run, tables, pngs, notes, draws, seed,
-                          link_health_lines(run) + host_lines)
+                          link_health_lines(run) + host_lines, paper, paper_line)
     report_md = run_dir / "report.md"
     report_html = run_dir / "report.html"
     report_md.write_text(render_markdown(inputs, run_dir))
@@ -104,4 +111,5 @@ def build_report(
         "report_md": report_md,
         "report_html": report_html,
         "notes": notes,
+        "paper": paper.name if paper is not None else None,
     }

@@ -17,13 +17,18 @@ Rules of this module:
    syntax, a ``why`` and no expression. ``checked_sections`` lists README sections
    (their headings) in which every number must be covered by a claim or a given, after
    the labels that :data:`LABEL_BEFORE` and :data:`LABEL_AFTER` recognise (``rho = 4``,
-   ``30 templates``, ``D.7``); ``heading#N`` names list item N of a section.
+   ``30 templates``, ``D.7``); ``heading#N`` names list item N of a section. A given
+   that copies or derives the paper's numbers names them in ``paper``, one reference
+   per bracket into ``testbed/report/paper_numbers.csv``
+   (:func:`testbed.report.paper.reference_value`), and each must round to what the
+   README writes (rule 2).
 4. Expressions see the run's frames ``e`` (episodes, with the report's derived counts)
    and ``a`` (actions) and the helpers of :class:`Scope`: filters by column
    (``E(policy="planfence", network="att")``), the report's statistics (cell medians
    over templates, paired two-stage changes with the report's seed and draws, medians
-   of per-template ratios), ``runs(name)`` for claims that span several runs and
-   ``read_json(path)`` for a benchmark's output kept under results/. They
+   of per-template ratios), ``runs(name)`` for claims that span several runs,
+   ``decomposition(...)`` for the cells of the table "Stall measured vs predicted from
+   counted rounds" and ``read_json(path)`` for a benchmark's output kept under results/. They
    only read (rule 10 of STYLE: analysis never rewrites raw results).
 """
 
@@ -34,6 +39,7 @@ import json
 import math
 import re
 import tomllib
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -43,6 +49,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from testbed.report.decomposition import decomposition
 from testbed.report.load import Run, load_run
 from testbed.report.stats import (
     DEFAULT_DRAWS,
@@ -73,6 +80,8 @@ class Claim:
     run: str = ""
     tol: float | None = None
     why: str = ""  # a given: why it is not checked against data
+    #: A given's paper references, one per bracket (testbed.report.paper.reference_value)
+    paper: tuple[str, ...] = ()
 
     @property
     def plain(self) -> str:
@@ -96,7 +105,8 @@ def load_claims(path: Path) -> ClaimsFile:
     body = tomllib.loads(path.read_text())
     claims = [Claim(text=c["text"], expr=c["expr"], run=c.get("run", ""),
                     tol=c.get("tol")) for c in body.get("claim", [])]
-    given = [Claim(text=g["text"], why=g["why"]) for g in body.get("given", [])]
+    given = [Claim(text=g["text"], why=g["why"], paper=tuple(g.get("paper", ())))
+             for g in body.get("given", [])]
     return ClaimsFile(claims, given, list(body.get("checked_sections", [])))
 
 
@@ -178,6 +188,24 @@ def _rerun_pairs(root: Path) -> pd.DataFrame:
     return pairs.reset_index(drop=True)
 
 
+_DECOMPOSITIONS: OrderedDict[int, tuple[Run, pd.DataFrame]] = OrderedDict()
+#: Runs whose decomposition is kept (the claims of one run ask for it several times;
+#: ``testbed reproduce`` evaluates claims on hundreds of resampled runs).
+_DECOMPOSITIONS_KEPT = 8
+
+
+def _decomposition(run: Run) -> pd.DataFrame:
+    """The run's decomposition cells, computed once per loaded run (a few runs kept)."""
+    held = _DECOMPOSITIONS.get(id(run))
+    if held is None or held[0] is not run:
+        held = (run, pd.DataFrame([row.record() for row in decomposition(run)]))
+        _DECOMPOSITIONS[id(run)] = held
+        while len(_DECOMPOSITIONS) > _DECOMPOSITIONS_KEPT:
+            _DECOMPOSITIONS.popitem(last=False)
+    _DECOMPOSITIONS.move_to_end(id(run))
+    return held[1]
+
+
 class Scope:
     """What an expression sees: one run's frames and the report's statistics."""
 
@@ -225,6 +253,17 @@ class Scope:
         frame = _select(cost_episodes(self.all_episodes()), filters)
         return frame.groupby(["run", "cell"])[metric].median()
 
+    def decomposition(self, run: str = "", **filters: Any) -> pd.DataFrame:
+        """The cells of the run's (or RUN's) table "Stall measured vs predicted from
+        counted rounds" (``testbed.report.decomposition``, one row per cell, the CSV's
+        columns) that match ``filters``."""
+        if run:
+            frame = _decomposition(_load(self.root, run))
+        else:
+            assert self.run is not None, "this claim names no run"
+            frame = _decomposition(self.run)
+        return _select(frame, filters).reset_index(drop=True)
+
     def E(self, **filters: Any) -> pd.DataFrame:
         assert self.run is not None, "this claim names no run"
         return _select(self.run.episodes, filters)
@@ -265,7 +304,8 @@ class Scope:
     def namespace(self) -> dict[str, Any]:
         names: dict[str, Any] = {n: getattr(self, n) for n in (
             "E", "A", "median", "stall", "kib", "pairs", "change", "ratio", "runs",
-            "all_episodes", "rerun_pairs", "cell_medians", "read_json", "sessions")}
+            "all_episodes", "rerun_pairs", "cell_medians", "read_json", "sessions",
+            "decomposition")}
         if self.run is not None:
             names.update(e=cost_episodes(self.run.episodes), a=self.run.actions,
                          episodes=self.run.episodes)
@@ -276,9 +316,10 @@ class Scope:
         return names
 
 
-def evaluate(claim: Claim, root: Path) -> list[float]:
-    """The claim's expression, as a list of numbers (one per bracket)."""
-    scope = Scope(root, claim.run)
+def evaluate(claim: Claim, root: Path, scope: Scope | None = None) -> list[float]:
+    """The claim's expression, as a list of numbers (one per bracket); ``scope`` gives
+    it other data than the run under ``root`` (``testbed reproduce``: a rerun)."""
+    scope = scope if scope is not None else Scope(root, claim.run)
     value = eval(claim.expr, {"__builtins__": {}, **scope.namespace()})
     values = list(value) if isinstance(value, (list, tuple, np.ndarray, pd.Series)) else [value]
     return [float(v) for v in values]

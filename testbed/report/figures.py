@@ -311,7 +311,8 @@ def _manifest_files(manifest: dict[str, Any]) -> dict[str, list[dict[str, Any]]]
             label = Path(path).name + (f" (host {host})" if host else "")
             out.setdefault(str(net), []).append(
                 {"ref": str(item.get("ref", path)), "label": label, "direction": direction,
-                 "path": path, "offset_s": offset})
+                 "path": path, "offset_s": offset,
+                 **({"sha256": item["sha256"]} if item.get("sha256") else {})})
     return out
 
 
@@ -353,10 +354,15 @@ def _collect_trace_names(value: Any, out: list[str], *, inside: bool) -> None:
 
 
 def _default_loader(entry: dict[str, Any]) -> Any:
-    from testbed.links.traces import load_named, load_trace
+    from testbed.links.traces import file_digest, load_named, load_trace, trace_catalogue
 
-    if entry["path"] is not None:
-        return load_trace(entry["path"], direction=entry["direction"])
+    path = entry["path"]
+    if path is not None and not Path(path).is_file():  # a run made in another checkout:
+        shipped = trace_catalogue().get(Path(path).name)  # the same trace shipped here
+        if shipped is not None and entry.get("sha256") == file_digest(shipped)[1]:
+            path = shipped
+    if path is not None:
+        return load_trace(path, direction=entry["direction"])
     return load_named(entry["ref"])
 
 

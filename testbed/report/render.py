@@ -47,6 +47,8 @@ class ReportInputs:
     draws: int
     seed: int
     link_lines: list[str] = field(default_factory=list)
+    paper: Table | None = None  # the paper's cells beside the run (testbed/report/paper.py)
+    paper_line: str = ""  # or the one line saying no cell compares
 
 
 def _caption(stem: str) -> str:
@@ -127,6 +129,7 @@ def render_markdown(inputs: ReportInputs, out_dir: Path) -> str:
             parts += [f"- {finding}" for finding in table.findings]
         files = ", ".join(f"[{ext}](tables/{table.name}.{ext})" for ext in ("csv", "md", "tex"))
         parts += ["", f"Files: {files}", ""]
+    parts += _paper_markdown(inputs)
     parts += ["## Figures", ""]
     if not inputs.figures:
         parts.append("No figure applies to this campaign.")
@@ -141,6 +144,34 @@ def render_markdown(inputs: ReportInputs, out_dir: Path) -> str:
         parts += ["## Campaign configuration", "", "```json",
                   json.dumps(config, indent=2, sort_keys=True, default=str), "```", ""]
     return "\n".join(parts)
+
+
+PAPER_HEADING = "The paper beside this run"
+
+
+def _paper_markdown(inputs: ReportInputs) -> list[str]:
+    if inputs.paper is None:
+        return [f"## {PAPER_HEADING}", "", inputs.paper_line, ""] if inputs.paper_line else []
+    table = inputs.paper
+    parts = [f"## {PAPER_HEADING}", "", to_markdown(table)]
+    if table.findings:
+        parts.append("What this shows:")
+        parts += [f"- {finding}" for finding in table.findings]
+    files = ", ".join(f"[{ext}](tables/{table.name}.{ext})" for ext in ("csv", "md", "tex"))
+    return [*parts, "", f"Files: {files}", ""]
+
+
+def _paper_html(inputs: ReportInputs) -> list[str]:
+    esc = html.escape
+    if inputs.paper is None:
+        return ([f"<h2>{PAPER_HEADING}</h2>", f"<p>{esc(inputs.paper_line)}</p>"]
+                if inputs.paper_line else [])
+    body = [f"<h2>{PAPER_HEADING}</h2>", to_html(inputs.paper)]
+    if inputs.paper.findings:
+        body.append("<p>What this shows:</p><ul>")
+        body += [f"<li>{esc(f)}</li>" for f in inputs.paper.findings]
+        body.append("</ul>")
+    return body
 
 
 _CSS = """body{font-family:system-ui,sans-serif;max-width:70rem;margin:2rem auto;padding:0 1rem;
@@ -171,6 +202,7 @@ def render_html(inputs: ReportInputs) -> str:
             body.append("<p>What this shows:</p><ul>")
             body += [f"<li>{esc(f)}</li>" for f in table.findings]
             body.append("</ul>")
+    body += _paper_html(inputs)
     body.append("<h2>Figures</h2>")
     for png in inputs.figures:
         data = base64.b64encode(png.read_bytes()).decode("ascii")

@@ -1,6 +1,6 @@
 """The paper's table layouts (Table 2, D.1-D.9, H.1, F.1, G.1, the artifact tier), the
-explainable-cost table and the budgeted-validation frontier, built from a campaign's
-results.
+explainable-cost table, stall measured against stall predicted from counted rounds and
+the budgeted-validation frontier, built from a campaign's results.
 
 Every builder returns the tables the campaign can fill (possibly none): a layout is
 written only when the campaign holds the cells it compares. A campaign of single-action
@@ -17,6 +17,7 @@ from testbed.report.load import Run
 from testbed.report.table_common import Options
 from testbed.report.tables_command import COMMAND_KIND, command_tables
 from testbed.report.tables_costs import artifact_tables, batch_tables, cost_tables
+from testbed.report.tables_decomposition import decomposition_tables
 from testbed.report.tables_live import live_tables
 from testbed.report.tables_policy import policy_tables, sync_tables
 from testbed.report.tables_study import (
@@ -45,6 +46,7 @@ BUILDERS: Sequence[Callable[[Run, Options], list[Table]]] = (
     batch_tables,
     artifact_tables,
     cost_tables,
+    decomposition_tables,
     budget_tables,
 )
 TRIAL_BUILDERS: Sequence[Callable[[Run, Options], list[Table]]] = (

@@ -43,7 +43,7 @@ RUNNER_ACTION_FIELDS: tuple[str, ...] = (
 #: executed when its scenario moves a role, e.g. same-session planning).
 COST_ACTION_FIELDS: tuple[str, ...] = (
     "rounds", "query_bytes", "fetch_bytes", "revalidation_bytes", "query_ms", "fetch_ms",
-    "revalidation_ms", "handshake_bytes",
+    "revalidation_ms", "handshake_bytes", "handshake_rounds", "exchanges",
 )
 TRIAL_ACTION_FIELDS: tuple[str, ...] = (
     "trial_outcome", "relevant_updates", "unrelated_updates", "action_s", "effect_lag_ms",
@@ -62,12 +62,14 @@ LIVE_ACTION_FIELDS: tuple[str, ...] = (
 COMMAND_ACTION_FIELDS: tuple[str, ...] = ("host", "ok", "t_ms", "metrics")
 RUNNER_ACTION_OPTIONAL: tuple[str, ...] = (*COST_ACTION_FIELDS, *TRIAL_ACTION_FIELDS,
                                            *LIVE_ACTION_FIELDS, *COMMAND_ACTION_FIELDS)
-#: Per episode, explainable costs: traffic without channel handshakes, and bytes by phase
-#: (their sum is the episode's traffic; docs/campaigns.md).
+#: Per episode, explainable costs: traffic without channel handshakes, bytes by phase
+#: (their sum is the episode's traffic; docs/campaigns.md), and the sequential rounds
+#: the barriers and commits waited for.
 COST_EPISODE_FIELDS: tuple[str, ...] = (
     "kib_per_action_payload", "handshake_bytes", "setup_bytes", "planning_bytes",
     "query_bytes", "fetch_bytes", "revalidation_bytes", "barrier_bytes", "commit_bytes",
-    "rounds_per_action",
+    "rounds_per_action", "barrier_rounds", "barrier_handshake_rounds", "commit_rounds",
+    "commit_handshake_rounds",
 )
 #: What the links did in an episode (the runner may leave them out: null where a backend
 #: cannot say, e.g. netem's queueing delay, or loopback's everything). Per direction over
@@ -96,12 +98,13 @@ COMMAND_EPISODE_FIELDS: tuple[str, ...] = ("link_host_bytes", "programs", "metri
 MODEL_EPISODE_FIELDS: tuple[str, ...] = ("model_bytes",)
 RUNNER_EPISODE_FIELDS: tuple[str, ...] = (
     "stall_ms_per_action", "stall_action_ms", "stall_barrier_ms", "stall_commit_ms",
-    "kib_per_action", "connections", "link_bytes", "wall_s", "congestion_control",
-    *COST_EPISODE_FIELDS, "rpc_timeouts", *LINK_EPISODE_FIELDS, *DISTURBANCE_FIELDS,
+    "kib_per_action", "connections", "link_bytes", "wall_s", "replay_s",
+    "congestion_control", *COST_EPISODE_FIELDS, "rpc_timeouts", *LINK_EPISODE_FIELDS,
+    *DISTURBANCE_FIELDS,
     *MODEL_EPISODE_FIELDS,
     *COMMAND_EPISODE_FIELDS,
 )
-RUNNER_EPISODE_OPTIONAL: tuple[str, ...] = ("wall_s", "congestion_control",
+RUNNER_EPISODE_OPTIONAL: tuple[str, ...] = ("wall_s", "replay_s", "congestion_control",
                                             *COST_EPISODE_FIELDS, *LINK_EPISODE_FIELDS,
                                             *DISTURBANCE_FIELDS, *MODEL_EPISODE_FIELDS,
                                             *COMMAND_EPISODE_FIELDS)
@@ -126,6 +129,7 @@ _ACTION_TYPES: dict[str, pa.DataType] = {
     "rounds": pa.int64(), "query_bytes": pa.int64(), "fetch_bytes": pa.int64(),
     "revalidation_bytes": pa.int64(), "query_ms": pa.float64(), "fetch_ms": pa.float64(),
     "revalidation_ms": pa.float64(), "handshake_bytes": pa.int64(),
+    "handshake_rounds": pa.int64(), "exchanges": pa.int64(),
     "trial_outcome": pa.string(), "relevant_updates": pa.int64(),
     "unrelated_updates": pa.int64(), "action_s": pa.float64(), "effect_lag_ms": pa.float64(),
     "gap_ms": pa.float64(),
@@ -144,11 +148,13 @@ _EPISODE_TYPES: dict[str, pa.DataType] = {
     "stall_ms_per_action": pa.float64(), "stall_action_ms": pa.float64(),
     "stall_barrier_ms": pa.float64(), "stall_commit_ms": pa.float64(),
     "kib_per_action": pa.float64(), "connections": pa.int64(), "link_bytes": pa.int64(),
-    "wall_s": pa.float64(), "congestion_control": pa.string(),
+    "wall_s": pa.float64(), "replay_s": pa.float64(), "congestion_control": pa.string(),
     "kib_per_action_payload": pa.float64(), "handshake_bytes": pa.int64(),
     "setup_bytes": pa.int64(), "planning_bytes": pa.int64(), "query_bytes": pa.int64(),
     "fetch_bytes": pa.int64(), "revalidation_bytes": pa.int64(), "barrier_bytes": pa.int64(),
     "commit_bytes": pa.int64(), "rounds_per_action": pa.float64(),
+    "barrier_rounds": pa.int64(), "barrier_handshake_rounds": pa.int64(),
+    "commit_rounds": pa.int64(), "commit_handshake_rounds": pa.int64(),
     "worker": pa.string(), "session": pa.int64(), "rpc_timeouts": pa.int64(),
     "link_up_qdelay_p50_ms": pa.float64(), "link_up_qdelay_p95_ms": pa.float64(),
     "link_down_qdelay_p50_ms": pa.float64(), "link_down_qdelay_p95_ms": pa.float64(),

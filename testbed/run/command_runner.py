@@ -15,7 +15,8 @@ The campaign loop's ``Runner`` for ``kind = "command"`` campaigns
    output and metrics stay beside the schedule (``<label>.out``, ``.err``,
    ``.metrics.jsonl``): the raw record of the episode.
 3. Every program's environment (besides ``testbed.net.commands`` rule 3, the table's
-   ``env`` and the run's own): ``TESTBED_METRICS``, ``TESTBED_SCHEDULE``,
+   ``env`` and the run's own, with their placeholders filled in as ``argv``'s:
+   ``testbed.campaign.command`` rule 3): ``TESTBED_METRICS``, ``TESTBED_SCHEDULE``,
    ``TESTBED_EPISODE``, ``TESTBED_SEED`` (the same for every policy and network of a
    template, so paired episodes draw alike), ``TESTBED_POLICY``, ``TESTBED_NETWORK``,
    ``TESTBED_TEMPLATE``, ``TESTBED_UNIT_MS``, ``TESTBED_KEYS`` and ``TESTBED_OWNED_KEYS``
@@ -43,14 +44,15 @@ from typing import Any
 
 import trio
 
-from testbed.campaign.command import CommandWorkload, command_to_data
+from testbed.campaign.command import CommandWorkload, command_to_data, fill_episode
 from testbed.campaign.model import Campaign, Cell, GroupKey, episode_key, fmt_number
 from testbed.campaign.schedule_file import schedule_document
 from testbed.campaign.workload import Schedule, seed_int
-from testbed.net.commands import CommandSpec, parse_ready
+from testbed.net.commands import CommandSpec, parse_ready, substitute
 from testbed.net.session import (
     HostNetwork,
     SessionResult,
+    addresses_of,
     labels,
     open_host_network,
     run_commands,
@@ -72,13 +74,16 @@ def episode_specs(command: CommandWorkload, cell: Cell, schedule: Schedule, *, k
                   seed: int) -> list[tuple[CommandSpec, dict[str, str]]]:
     """The programs of one episode in start order, each with its run's own environment."""
     out = []
+
+    def fill(text: str) -> str:
+        return fill_episode(text, policy=cell.policy, episode=key, seed=seed)
+
     for run in command.runs:
-        argv = tuple(a.replace("{policy}", cell.policy).replace("{episode}", key)
-                     .replace("{seed}", str(seed)) for a in run.argv)
+        argv = tuple(fill(a) for a in run.argv)
+        env = {name: fill(value) for name, value in (*command.env, *run.env)}
         ready = parse_ready(run.ready) if run.ready is not None else None
         for host in command.hosts_of(run, schedule.agents):
-            out.append((CommandSpec(host, argv, run.service, ready),
-                        {**dict(command.env), **dict(run.env)}))
+            out.append((CommandSpec(host, argv, run.service, ready), env))
     return out
 
 
@@ -157,9 +162,13 @@ class CommandGroup:
                   "TESTBED_UNIT_MS": fmt_number(command.unit_ms),
                   "TESTBED_KEYS": " ".join(schedule.keys)}
 
+        addresses = addresses_of(topo)
+
         def env_of(spec: CommandSpec, label: str) -> dict[str, str]:
             owned = [k for k in schedule.keys if schedule.owners.get(k) == spec.host]
-            return {**run_env[label], **common, "TESTBED_METRICS": str(files[label][1]),
+            own = {name: substitute((value,), spec.host, addresses)[0]  # {host}, {addr}..
+                   for name, value in run_env[label].items()}
+            return {**own, **common, "TESTBED_METRICS": str(files[label][1]),
                     "TESTBED_OWNED_KEYS": " ".join(owned)}
 
         before: dict[str, dict[str, dict[str, int]]] = {}

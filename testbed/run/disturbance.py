@@ -11,23 +11,10 @@ Rules this module obeys:
    episode and the 1-minute load average at its end.
 2. The episode row gets :data:`DISTURBANCE_FIELDS`; units are in the names. The node
    columns are totals (run-queue wait, CPU time) or the worst node (oversleep).
-3. :func:`judge` is pure: an episode is ``disturbed`` when any of the thresholds below is
-   crossed; ``disturbed_reason`` names each crossed one with its value. The thresholds
-   and the measurements that justify them are in docs/campaigns.md ("Disturbance").
-
-   * run-queue wait, when both hold: the team's nodes spent more than
-     :data:`WAIT_SHARE` of their runnable time waiting for a CPU (``wait / (wait +
-     cpu)``; a team's own contention on a quiet host stays well below it), and their
-     wait per action exceeds :data:`RUNQ_SHARE` of the episode's stall per action. All
-     nodes' wait per action bounds how much CPU contention can have added to the stall
-     per action (stall is the time of sequential work at these nodes; the wait of other
-     phases only makes the bound looser), so an undisturbed episode's stall is inflated
-     by at most half the 10% tie band.
-   * oversleep: the worst node's 99th percentile timer lateness above
-     :data:`OVERSLEEP_P99_MS` (catches what run-queue wait cannot see: a virtual CPU
-     that the hypervisor did not run).
-   * steal: the host's CPUs lost more than :data:`STEAL_PCT` of their time to the
-     hypervisor during the episode.
+3. The verdict (``disturbed``, ``disturbed_reason``) is ``testbed.results.verdict``'s:
+   each raw measure bounds how far it can have moved the stall, through the sensitivity
+   ``testbed bench disturbance`` measured, and an episode is flagged when a bound
+   exceeds the run's resolution (docs/campaigns.md, "Disturbance").
 """
 
 from __future__ import annotations
@@ -39,14 +26,19 @@ from pathlib import Path
 from typing import Any
 
 from testbed.results.schema import DISTURBANCE_FIELDS
+from testbed.results.verdict import (
+    CALIBRATION_PATH,
+    OVERSLEEP_P99_MS,
+    RESOLUTION,
+    STEAL_PCT,
+    WAIT_SHARE,
+    judge,
+    write_calibration,
+)
 
-__all__ = ["DISTURBANCE_FIELDS", "HostSample", "episode_disturbance", "judge"]
-
-#: Thresholds (docs/campaigns.md, "Disturbance", has the measurements behind them).
-RUNQ_SHARE = 0.05
-WAIT_SHARE = 0.10
-OVERSLEEP_P99_MS = 20.0
-STEAL_PCT = 5.0
+__all__ = ["CALIBRATION_PATH", "DISTURBANCE_FIELDS", "OVERSLEEP_P99_MS", "RESOLUTION",
+           "STEAL_PCT", "WAIT_SHARE", "HostSample", "episode_disturbance", "judge",
+           "write_calibration"]
 
 
 
@@ -104,29 +96,6 @@ def node_columns(replies: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
-def judge(columns: Mapping[str, Any], *, stall_ms_per_action: float | None,
-          actions: int) -> tuple[bool, str]:
-    """(disturbed, reason) from the disturbance columns (rule 3); pure."""
-    reasons = []
-    runq = _number(columns.get("node_runq_wait_ms"))
-    cpu = _number(columns.get("node_cpu_ms")) or 0.0
-    if runq is not None and actions > 0 and runq + cpu > 0:
-        per_action = runq / actions
-        limit = RUNQ_SHARE * (_number(stall_ms_per_action) or 0.0)
-        share = runq / (runq + cpu)
-        if share > WAIT_SHARE and per_action > limit:
-            reasons.append(f"runq_wait {per_action:.2f} ms/action > {limit:.2f} "
-                           f"({RUNQ_SHARE:.0%} of stall), {share:.0%} of runnable time "
-                           f"> {WAIT_SHARE:.0%}")
-    oversleep = _number(columns.get("node_oversleep_p99_ms"))
-    if oversleep is not None and oversleep > OVERSLEEP_P99_MS:
-        reasons.append(f"oversleep_p99 {oversleep:.1f} ms > {OVERSLEEP_P99_MS:g}")
-    steal = _number(columns.get("host_steal_pct"))
-    if steal is not None and steal > STEAL_PCT:
-        reasons.append(f"steal {steal:.1f}% > {STEAL_PCT:g}%")
-    return bool(reasons), "; ".join(reasons)
-
-
 def _number(value: Any) -> float | None:
     if value is None:
         return None
@@ -138,11 +107,13 @@ def _number(value: Any) -> float | None:
 
 
 async def episode_disturbance(team: Any, before: HostSample | None, episode: Mapping[str, Any],
-                              actions: int) -> dict[str, Any]:
+                              actions: int, *, shaped: bool = False) -> dict[str, Any]:
     """The disturbance columns of an episode that just ended (rules 1-3); ``team`` is
-    a ``testbed.run.team.Team`` (its ``sched`` replies)."""
+    a ``testbed.run.team.Team`` (its ``sched`` replies); ``shaped``: its network has
+    emulated links (the verdict's sensitivity and the emulator's lateness)."""
     replies = dict(zip(team.members, await team.each_call("sched"), strict=True))
     columns = {**node_columns(replies), **host_columns(before, HostSample.read())}
-    disturbed, reason = judge(columns, stall_ms_per_action=episode.get("stall_ms_per_action"),
-                              actions=actions)
+    measures = {**columns, "emulator_late_max_ms": episode.get("emulator_late_max_ms")}
+    disturbed, reason = judge(measures, stall_ms_per_action=episode.get("stall_ms_per_action"),
+                              actions=actions, shaped=shaped)
     return {**columns, "disturbed": disturbed, "disturbed_reason": reason}

@@ -78,11 +78,16 @@ from testbed.run.verdict import HeadLog, build_head_log, judge_invalid
 
 @dataclass
 class StallTally:
-    """Stall of one episode by where it was spent (ms)."""
+    """Stall of one episode by where it was spent (ms), and the sequential rounds the
+    barriers and commits waited for (a barrier's: its slowest member's)."""
 
     action_ms: float = 0.0
     barrier_ms: float = 0.0
     commit_ms: float = 0.0
+    barrier_rounds: int = 0
+    barrier_handshake_rounds: int = 0
+    commit_rounds: int = 0
+    commit_handshake_rounds: int = 0
 
 
 class TeamGroup:
@@ -157,7 +162,8 @@ class TeamGroup:
             raise EpisodeAborted(f"episode timeout after {timeout_s:g} s")
         try:  # rule 8: the nodes' scheduling delay and the host's load
             result[0].episode.update(await episode_disturbance(
-                self.team, host_before, result[0].episode, len(result[0].actions)))
+                self.team, host_before, result[0].episode, len(result[0].actions),
+                shaped=self.backend != "none"))
         except (RunFailure, ProtocolError) as exc:
             raise EpisodeAborted(f"{type(exc).__name__}: {exc}") from None
         return result[0]
@@ -206,6 +212,8 @@ class TeamGroup:
                     reply = await team.call(event.owner, "update", key=event.key,
                                             content=event.content)
                     tally.commit_ms += float(reply["stall_ms"])
+                    tally.commit_rounds += int(reply.get("rounds", 0))
+                    tally.commit_handshake_rounds += int(reply.get("handshake_rounds", 0))
                     phases.commit += int(reply.get("bytes", 0))
                 elif isinstance(event, Plan):
                     reply = await team.call(event.planner, "plan", action=event.action,
@@ -221,7 +229,7 @@ class TeamGroup:
                     tally.action_ms += float(reply["stall_ms"])
                     acts.append((event, reply))
             if barrier:
-                tally.barrier_ms += await self._barrier(unit)
+                await self._barrier(unit, tally)
 
         logs = {}
         for agent in team.agents:
@@ -236,24 +244,30 @@ class TeamGroup:
         self.setup_times.append((setup_s, wall_s))
         result = self._result(schedule, acts, timeline, counters, links_before, links_after,
                               tally, wall_s, phases)
+        result.episode["replay_s"] = wall_s - setup_s
         result.episode.update(link_columns(links_before, links_after, link_stats))
         if log_dir is not None:
             result.episode["link_log"] = f"links/{log_dir.name}"
         return result
 
-    async def _barrier(self, unit: int) -> float:
-        """Run the unit-end hook at every member at once; elapsed = the slowest member."""
-        slowest = 0.0
+    async def _barrier(self, unit: int, tally: StallTally) -> None:
+        """Run the unit-end hook at every member at once; elapsed = the slowest member,
+        and its rounds are the most any member waited for."""
+        slowest, rounds, handshakes = 0.0, 0, 0
 
         async def one(agent: str) -> None:
-            nonlocal slowest
+            nonlocal slowest, rounds, handshakes
             reply = await self.team.call(agent, "unit_end", unit=unit)
             slowest = max(slowest, float(reply["stall_ms"]))
+            rounds = max(rounds, int(reply.get("rounds", 0)))
+            handshakes = max(handshakes, int(reply.get("handshake_rounds", 0)))
 
         async with trio.open_nursery() as nursery:
             for agent in self.team.members:
                 nursery.start_soon(one, agent)
-        return slowest
+        tally.barrier_ms += slowest
+        tally.barrier_rounds += rounds
+        tally.barrier_handshake_rounds += handshakes
 
     def _result(self, schedule: Schedule, acts: list[tuple[Act, dict[str, Any]]],
                 timeline: HeadLog, counters: Mapping[str, Mapping[str, int]],
@@ -287,6 +301,10 @@ class TeamGroup:
             "stall_action_ms": tally.action_ms,
             "stall_barrier_ms": tally.barrier_ms,
             "stall_commit_ms": tally.commit_ms,
+            "barrier_rounds": tally.barrier_rounds,
+            "barrier_handshake_rounds": tally.barrier_handshake_rounds,
+            "commit_rounds": tally.commit_rounds,
+            "commit_handshake_rounds": tally.commit_handshake_rounds,
             "kib_per_action": sent / 1024 / attempted,
             "connections": opened,
             "link_bytes": link_bytes,

@@ -69,6 +69,7 @@ from testbed.campaign.plugins import provenance as plugin_provenance
 from testbed.campaign.workload import Schedule
 from testbed.host.lanes import HostLanes
 from testbed.host.userns import privilege
+from testbed.results import verdict
 from testbed.results.cpu_speed import python_probe_ms
 from testbed.results.decisions import write_decisions
 from testbed.results.provenance import (
@@ -164,7 +165,7 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
         if allow_code_change:
             session["allow_code_change"] = True
         run_dir.update_manifest(
-            schema_version=RESULT_SCHEMA_VERSION,
+            schema_version=RESULT_SCHEMA_VERSION, disturbance_verdict=verdict.describe(),
             started_at=previous.get("started_at", session["started_at"]),
             campaign=campaign.name, source=campaign.source, config=campaign.config(),
             versions=package_versions(), lock=lock, git=code,

@@ -136,7 +136,10 @@ def _udp_blast(
             time.sleep(pause)  # sleeping (not spinning) leaves the GIL to the receiver
     time.sleep(0.1)
     tx.sendto(b"end", target)
-    thread.join(2.0)
+    # no timeout: the receiver ends at "end" or, if the link lost it, after 0.5 s of
+    # silence; rx closes only then (closed under a receiver still reading a backlog, its
+    # number would go to the next descriptor opened, and the receiver would read that)
+    thread.join()
     tx.close()
     rx.close()
     return sent, received, latencies

@@ -35,6 +35,7 @@ from testbed.links.profiles import DEFAULT_CONGESTION_CONTROL
 
 __all__ = [
     "CHECK_NAMES",
+    "FATAL_CHECKS",
     "REQUIRED_PACKAGES",
     "Check",
     "auto_backend",
@@ -51,10 +52,15 @@ CHECK_NAMES = (
     "tbf",
     "rootless",
     "python packages",
+    "policy plugins",
     "congestion control",
     "backend auto",
     "host lanes",
 )
+
+#: Checks whose failure fails every campaign, whatever the backend: `testbed doctor`
+#: names them on stderr and exits 3.
+FATAL_CHECKS = ("policy plugins",)
 
 REQUIRED_PACKAGES: dict[str, tuple[int, ...]] = {
     "trio": (0, 27),
@@ -154,6 +160,24 @@ def check_packages() -> Check:
     return Check("python packages", True, ", ".join(found))
 
 
+def check_plugins() -> Check:
+    """Every installed policy plugin (entry-point group ``planfence_testbed.policies``)
+    loads: a broken one fails every campaign, since every campaign loads them all."""
+    from nodes.plugins import PluginError, check_entry_point_plugins
+    from protocols.api import ENTRY_POINT_GROUP
+
+    results = check_entry_point_plugins()
+    broken = [str(r) for r in results if isinstance(r, PluginError)]
+    if broken:
+        return Check("policy plugins", False, "; ".join(broken) + " (every campaign fails "
+                     "until it is fixed or uninstalled)")
+    if not results:
+        return Check("policy plugins", True, f"none installed ({ENTRY_POINT_GROUP})")
+    return Check("policy plugins", True, ", ".join(
+        f"{r.name} ({', '.join(r.policies) or 'no new policy'})" for r in results
+        if not isinstance(r, PluginError)))
+
+
 def check_congestion_control(
     available_path: Path = CC_AVAILABLE, default_path: Path = CC_DEFAULT
 ) -> Check:
@@ -211,7 +235,7 @@ def check_host_lanes() -> Check:
 def run_doctor() -> list[Check]:
     """Run every probe (in the order of CHECK_NAMES); never raises for an absent feature."""
     checks = [check_root(), check_netns(), *backend_checks(), check_rootless(),
-              check_packages(), check_congestion_control()]
+              check_packages(), check_plugins(), check_congestion_control()]
     checks.append(_check_backend(checks))
     checks.append(check_host_lanes())
     return checks

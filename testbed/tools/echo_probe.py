@@ -51,20 +51,21 @@ class EchoServer:
         self._conns: list[socket.socket] = []
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
-        self._spawn(self._accept_loop)
+        self._acceptor = self._spawn(self._accept_loop)
 
-    def _spawn(self, target: Any, *args: Any) -> None:
+    def _spawn(self, target: Any, *args: Any) -> threading.Thread:
         thread = threading.Thread(target=target, args=args, daemon=True)
         with self._lock:
             self._threads.append(thread)
         thread.start()
+        return thread
 
     def _accept_loop(self) -> None:
         while True:
             try:
                 conn, _ = self._listener.accept()
             except OSError:
-                return  # closed
+                return  # shut down
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self._lock:
                 self._conns.append(conn)
@@ -84,16 +85,21 @@ class EchoServer:
             return
 
     def close(self) -> None:
+        """Stop every thread through the sockets it waits on (a shut-down socket wakes
+        its accept or recv), wait for each to end, and only then close the sockets: a
+        socket closed under a thread that still runs gives its number to the next
+        descriptor opened, which the thread would then read."""
         with contextlib.suppress(OSError):
             self._listener.shutdown(socket.SHUT_RDWR)
-        self._listener.close()
+        self._acceptor.join()  # no connection comes in after this
         with self._lock:
             conns, threads = list(self._conns), list(self._threads)
         for conn in conns:
             with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)
         for thread in threads:
-            thread.join(timeout=5)
+            thread.join()
+        self._listener.close()
         for conn in conns:
             conn.close()
 

@@ -238,7 +238,9 @@ def _controller_kill(kind: str, trials: int, seed: int, scratch: Path) -> dict[s
         pids, prefixes = _left_by(child.pid)  # what --resume (or clean) must remove
         if shaped and trial % 2:
             _testbed(["clean"], kind, env)
-        _testbed([*cmd[3:], "--resume"], kind, env)
+        # killed before it made its directory (nothing started yet): a plain run, as
+        # --resume refuses a directory that does not exist
+        _testbed([*cmd[3:], *(["--resume"] if out.exists() else [])], kind, env)
         campaign = parse_campaign(raw, source=f"faults:{kind}")
         expected = {f"{c.id}/{t}" for c, t in campaign.episodes()}
         expected_total += len(expected)

@@ -9,8 +9,12 @@ Rules:
    ``--cc [HOST=]ALG`` sets the TCP congestion control of the network or of one host.
 2. Hosts: ``--hosts N`` (``a0``..), ``--host NAME`` (repeatable), else those the
    commands name (``--on HOST``, ``{addr:HOST}``), else the hosts of the campaign's
-   first cell on that network, else ``a0`` and ``a1``. The shell runs on ``--on HOST``
-   or the first host.
+   first cell on that network, else ``a0`` and ``a1``. ``{addr:HOST}`` adds a host
+   only where the commands name them all (``--on`` segments, no ``--campaign``
+   hosts); where the hosts are given otherwise (``--hosts``, ``--host``, the
+   campaign's, ``a0`` and ``a1`` for a bare ``--``) a placeholder naming none of them
+   (nor an ``--on`` host) is a one-line error, never a new idle host. The shell runs on
+   ``--on HOST`` or the first host.
 3. Everything is built before the first command starts and removed after the last one
    ended, on Ctrl-C and on SIGTERM (``testbed.net.topology``); after a SIGKILL of the
    controller the launchers stop the programs and ``testbed clean`` removes the rest.
@@ -49,6 +53,7 @@ from testbed.net.commands import (
     check_host_name,
     default_hosts,
     plan_commands,
+    referenced_hosts,
 )
 from testbed.net.session import (
     HostNetwork,
@@ -125,6 +130,14 @@ def select_hosts(choice: NetworkChoice, segments: Sequence[Segment],
         named = default_hosts(segments, count=0)
         bare = any(seg.host is None for seg in segments)
         base = list(defaults) or (["a0", "a1"] if bare or not named else [])
+        if base:  # the hosts are given: a placeholder names one, it adds none (rule 2)
+            known = base + [s.host for s in segments if s.host and s.host not in base]
+            for seg in segments:
+                missing = [h for h in referenced_hosts(seg.argv) if h not in known]
+                if missing:
+                    raise CommandError(f"{{addr:{missing[0]}}}: no host {missing[0]!r} in "
+                                       f"this network; hosts: {', '.join(known)} (more "
+                                       "with --hosts N or --host NAME)")
         names = base + [n for n in named if n not in base]
     for name in (*choice.unshaped, *(c.rpartition("=")[0] for c in choice.cc if "=" in c)):
         if name not in names:

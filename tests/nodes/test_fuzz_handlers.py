@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
+import pytest
 import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -27,6 +28,8 @@ from protocols import wire
 from protocols.errors import RemoteCallError, RemoteProtocolError
 from protocols.identity import CENTRAL_ID, Identity, Member, Roster
 from protocols.records import make_record
+
+pytestmark = pytest.mark.slow
 
 AGENTS = ["a0", "a1"]
 IDS = {a: Identity.derive(a, "fuzz") for a in [*AGENTS, CENTRAL_ID]}

@@ -445,6 +445,7 @@ async def _hello_flood(team: Team, count: int, *, sources: int = 1) -> None:
             await trio.aclose_forcefully(stream)
 
 
+@pytest.mark.slow
 async def test_partial_frames_of_replayed_hellos_are_bounded_per_source(team: Team) -> None:
     """512 replayed hellos, each with a 1 MiB partial frame, from one address and no key:
     without a bound the node held them all (hundreds of MiB, most of it kept after)."""
@@ -460,6 +461,7 @@ async def test_partial_frames_of_replayed_hellos_are_bounded_per_source(team: Te
     await _still_serves(team)
 
 
+@pytest.mark.slow
 async def test_memory_held_by_a_flood_of_partial_frames_is_returned(tmp_path: Path) -> None:
     """1024 such connections from 64 addresses (each within its source's bound, so the
     node holds hundreds of MiB at once), closed by the node's first-frame timeout while

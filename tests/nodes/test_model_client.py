@@ -179,6 +179,7 @@ def test_the_backoff_doubles_to_its_cap_and_honours_retry_after_up_to_it() -> No
     assert backoff_s(1, "HTTP 503", 3.0) == 0.25  # only a 429's Retry-After counts
 
 
+@pytest.mark.slow
 async def test_a_retry_after_of_a_429_is_waited_for() -> None:
     limited = answer(429, {"error": "slow down"}, [("retry-after", "1.5")])
     async with server([limited, answer(200, CHAT)]) as (port, _):

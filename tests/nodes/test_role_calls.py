@@ -80,6 +80,7 @@ async def test_a_malformed_first_answer_recovers_after_the_correction() -> None:
     assert decision["arguments"]["option"] == satisfying_option(DOC)  # type: ignore[index]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["500", "429", "drop"])
 async def test_failing_answers_are_retried_then_counted(fault: str) -> None:
     decision, entry, failure = await call(["--fault", fault])
@@ -94,6 +95,7 @@ async def test_failing_answers_are_retried_then_counted(fault: str) -> None:
     assert recovered is not None
 
 
+@pytest.mark.slow
 async def test_a_slow_answer_times_out_and_is_counted() -> None:
     decision, entry, failure = await call(["--fault", "slow", "--slow-s", "20"],
                                           timeout_s=0.5, max_retries=1)

@@ -112,6 +112,11 @@ CASES: list[Case] = [
          "argument --cluster: 'tcp://host' is not allowed"),
     Case("resume-and-extend", ("run", "demo", "--resume", "--extend"), 2,
          "argument --extend: not allowed with argument --resume"),
+    Case("resume-a-missing-dir", ("run", "c.toml", "--out", "gone", "--resume"), 2,
+         "--resume: gone does not exist; there is no run to resume (check --out, or drop "
+         "--resume to start a new run there)", {"c.toml": campaign()}),
+    Case("extend-a-missing-dir", ("run", "c.toml", "--out", "gone", "--extend"), 2,
+         "--extend: gone does not exist; there is no run to extend", {"c.toml": campaign()}),
     Case("out-empty", ("run", "demo", "--out", ""), 2, "--out: empty; allowed: a directory"),
     Case("out-a-file", ("run", "demo", "--out", "afile"), 2,
          "--out: afile is not a directory", {"afile": "x"}),
@@ -193,7 +198,10 @@ CASES: list[Case] = [
     bad_campaign("name-number", campaign().replace('name = "c"', "name = 5"),
                  "name: 5 is not allowed"),
     bad_campaign("seed-negative", campaign().replace("seed = 1", "seed = -1"),
-                 "seed: -1 is not allowed; allowed: an integer >= 0"),
+                 "seed: -1 is not allowed; allowed: an integer 0..9223372036854775807"),
+    bad_campaign("seed-beyond-64-bits", campaign().replace("seed = 1", f"seed = {2**64}"),
+                 f"seed: {2**64} is not allowed; allowed: an integer 0..9223372036854775807 "
+                 "(2**63 - 1)"),
     bad_campaign("seed-float", campaign().replace("seed = 1", "seed = 1.5"),
                  "seed: 1.5 is not allowed"),
     bad_campaign("seed-missing", campaign().replace("seed = 1\n", ""), "seed: missing"),

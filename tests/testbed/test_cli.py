@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from testbed.cli import build_parser, main
+from tests.leftovers import watch_runs
+
+pytestmark = pytest.mark.slow
 
 
 def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -266,3 +271,79 @@ def test_bench_lanes_can_leave_out_the_cluster_rows() -> None:
     assert build_parser().parse_args(["bench", "lanes", "--workers", "none"]).workers == ()
     assert build_parser().parse_args(["bench", "lanes", "--workers", "1,4"]).workers == (1, 4)
     assert build_parser().parse_args(["bench", "lanes"]).workers == (1, 2, 4)
+
+
+# --- interrupts: one line, exit 128 + the signal, nothing left behind ------------------
+
+_SMALL_RUN = """
+name = "intr"
+seed = 11
+templates = 6
+[options]
+episode_timeout_s = 120
+[grid]
+policy = ["local_replica", "planfence"]
+network = ["loopback"]
+rho = [4]
+agents = [3]
+keys = [6]
+connection = ["fresh"]
+units = [16]
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_an_interrupted_run_says_what_it_kept_in_one_line(tmp_path: Path, signum: int,
+                                                           status: int) -> None:
+    """Ctrl-C (or SIGTERM) once the first episode is committed: everything the run
+    started is removed, then one line says how many episodes it kept (exit 128 + the
+    signal; no traceback of trio's exception groups), and --resume finishes it."""
+    (tmp_path / "c.toml").write_text(_SMALL_RUN)
+    out = tmp_path / "out"
+    shards = out / "shards" / "episodes"
+    with watch_runs() as runs:
+        proc = subprocess.Popen([sys.executable, "-m", "testbed", "run", "c.toml", "--out",
+                                 str(out)], cwd=tmp_path, text=True,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            deadline = time.monotonic() + 120
+            while not (shards.is_dir() and any(shards.glob("*.parquet"))):
+                assert proc.poll() is None, "the run ended before its first episode"
+                assert time.monotonic() < deadline, "no episode committed within 120 s"
+                time.sleep(0.05)
+            proc.send_signal(signum)
+            _, stderr = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        left = runs.wait_clean()
+    assert proc.returncode == status, stderr
+    assert "Traceback" not in stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    kept = len(list(shards.glob("*.parquet")))
+    assert kept >= 1
+    word = "episode" if kept == 1 else "episodes"
+    assert lines[0] == f"testbed: interrupted; {kept} {word} kept, resume with --resume"
+    assert runs.prefixes, "the watch saw none of the run's ledgers"
+    assert left == set(), "the interrupted run left something behind"
+    assert not (tmp_path / "out" / "failures.log").exists()
+    resumed = _run("run", "c.toml", "--out", str(out), "--resume", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert len(list(shards.glob("*.parquet"))) == 12
+
+
+def test_the_api_refuses_to_resume_a_directory_that_does_not_exist(tmp_path: Path) -> None:
+    from testbed import api
+    from testbed.errors import UserError
+
+    campaign = api.from_dict({"name": "c", "seed": 1, "templates": 1,
+                              "grid": {"policy": "planfence", "network": "loopback"}})
+    for flag in ("resume", "extend"):
+        with pytest.raises(UserError, match=rf"^{flag}=True: .*gone does not exist; there "
+                           rf"is no run to {flag}"):
+            api.run(campaign, tmp_path / "gone", resume=flag == "resume",
+                    extend=flag == "extend")
+    assert list(tmp_path.iterdir()) == []

@@ -90,6 +90,15 @@ def test_policies_are_labels_of_the_program_variants() -> None:
     ({"command__hosts": ["s", "s"]}, r"command.hosts: .* each host once"),
     ({"command__env": {"TESTBED_SEED": "1"}}, r"command.env.TESTBED_SEED"),
     ({"command__env": {"X": [1]}}, r"command.env.X: \[1\] is not allowed"),
+    ({"command__env": {"LABEL": "{polcy}"}},
+     r"^command.env.LABEL: '\{polcy\}' is not a placeholder; allowed: \{policy\}, "
+     r"\{episode\}, \{seed\}, \{host\}, \{addr\}, \{addr:NAME\}, \{hosts\}$"),
+    ({"command__run__1__env": {"V": "run-{seed}-{variant}"}},
+     r"^command.run\[1\].env.V: '\{variant\}' is not a placeholder; allowed: \{policy\}"),
+    ({"command__run__1__env": {"V": "{host:a0}"}}, r"'\{host:a0\}' is not a placeholder"),
+    ({"command__env": {"PEER": "{addr:srv}"}},
+     r"command.env.PEER: \{addr:srv\}: 'srv' is not allowed; allowed: a host \(a0, a1, "
+     r"server\)"),
     ({"command__name": "has space"}, r"command.name: 'has space' is not allowed"),
     ({"command__cwd": 3}, r"command.cwd: 3 is not allowed"),
     ({"grid__policy": ["a b"]}, r"grid.policy: 'a b' is not allowed"),
@@ -103,6 +112,30 @@ def test_bad_command_tables_are_one_line_errors(changes: dict[str, Any], message
     with pytest.raises(UserError, match=message) as info:
         campaign(**changes)
     assert "\n" not in str(info.value)
+
+
+def test_placeholders_fill_env_values_as_they_fill_argv() -> None:
+    """`{policy}` and the rest reach a program's environment filled in, never literally;
+    other braces in env values are refused (above), JSON-like text passes."""
+    from testbed.campaign.model import episode_key
+    from testbed.net.commands import substitute
+    from testbed.run.command_runner import episode_specs
+
+    camp = campaign(command__env={"LABEL": "{policy}@{episode}", "CONF": '{"a": 1}'},
+                    command__run__1__env={"ME": "{host}={addr}", "S": "{addr:server}",
+                                          "SEED": "{seed}"})
+    cell = camp.cells()[0]
+    schedule = camp.schedule(cell, camp.templates[0])
+    key = episode_key(cell, schedule.template)
+    pairs = episode_specs(camp.command, cell, schedule, key=key, seed=42)
+    spec, env = pairs[-1]
+    assert env["LABEL"] == f"kv@{key}"
+    assert env["CONF"] == '{"a": 1}'
+    assert env["SEED"] == "42"
+    addresses = {"a0": "198.18.0.1", "a1": "198.18.0.2", "server": "198.18.0.3"}
+    filled = {k: substitute((v,), spec.host, addresses)[0] for k, v in env.items()}
+    assert filled["ME"] == f"{spec.host}={addresses[spec.host]}"
+    assert filled["S"] == "198.18.0.3"
 
 
 def test_testbed_check_refuses_a_bad_table_before_anything_exists(tmp_path: Path) -> None:

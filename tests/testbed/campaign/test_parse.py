@@ -117,7 +117,11 @@ def test_bad_grid_values(tmp_path: Path, line: str, message: str) -> None:
      "templates: 'cruise-01' is not allowed; allowed: <family>-NN with family in "
      "reservation, fulfillment, deployment and NN in 01..10"),
     (BASE_TOML.replace("seed = 1", "seed = -1"),
-     "seed: -1 is not allowed; allowed: an integer >= 0"),
+     "seed: -1 is not allowed; allowed: an integer 0..9223372036854775807 (2**63 - 1)"),
+    (BASE_TOML.replace("seed = 1", "seed = 9223372036854775808"),
+     "seed: 9223372036854775808 is not allowed; allowed: an integer 0..9223372036854775807"),
+    (BASE_TOML.replace("seed = 1", f"seed = {2**64}"),
+     f"seed: {2**64} is not allowed; allowed: an integer 0..9223372036854775807"),
     (BASE_TOML.replace("seed = 1\n", ""), "seed: missing; a campaign needs name, seed,"),
     (BASE_TOML.replace('name = "t"', 'name = "my run"'), "name: 'my run' is not allowed;"),
     (BASE_TOML.replace('policy = ["planfence"]\n', ""),
@@ -141,6 +145,22 @@ def test_bad_grid_values(tmp_path: Path, line: str, message: str) -> None:
 ])
 def test_bad_campaign_files(tmp_path: Path, text: str, message: str) -> None:
     _assert_error(tmp_path, text, message)
+
+
+def test_the_largest_seed_is_the_largest_the_results_record() -> None:
+    """A seed the parser takes runs: its schedule digest packs it and its episode rows
+    record it in the seed column (a signed 64-bit integer)."""
+    import pyarrow as pa
+
+    from testbed.campaign.workload import MAX_SEED
+    from testbed.results.schema import EPISODE_SCHEMA
+
+    seed_type = EPISODE_SCHEMA.field("seed").type
+    assert 2 ** (seed_type.bit_width - 1) - 1 == MAX_SEED
+    campaign = parse_campaign({"name": "t", "seed": MAX_SEED, "templates": 1,
+                               "grid": {"policy": "planfence", "network": "loopback"}})
+    assert campaign.schedule(campaign.cells()[0], campaign.templates[0]).digest
+    assert pa.array([campaign.seed], type=seed_type).to_pylist() == [MAX_SEED]
 
 
 def _assert_error(tmp_path: Path, text: str, message: str) -> None:

@@ -37,6 +37,7 @@ async def _settle() -> None:
     await trio.sleep(lanes_mod.POLL_S * 3)
 
 
+@pytest.mark.slow
 async def test_budget_is_shared_fairly_between_two_runs(tmp_path: Path) -> None:
     a, b = _run(tmp_path, "tb0000a1"), _run(tmp_path, "tb0000b1")
     got: list[str] = []
@@ -74,6 +75,7 @@ async def test_budget_is_shared_fairly_between_two_runs(tmp_path: Path) -> None:
     b.close()
 
 
+@pytest.mark.slow
 async def test_loopback_never_runs_beside_another_runs_lanes(tmp_path: Path) -> None:
     a, b = _run(tmp_path, "tb0000a2"), _run(tmp_path, "tb0000b2")
     got: list[str] = []

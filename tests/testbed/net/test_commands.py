@@ -91,6 +91,31 @@ def test_a_placeholder_of_a_host_not_selected_is_refused_before_anything_runs() 
         plan_commands([Segment("c", ("ping", "{addr:s}"))], ["c"])
 
 
+def test_a_placeholder_adds_a_host_only_where_the_commands_name_every_host() -> None:
+    """`--on c -- ping {addr:s}` builds c and s (mm-link style); where the hosts are
+    given otherwise (a0 and a1 for a bare `--`, a campaign's), `{addr:zz}` naming none
+    of them is refused in one line, never a new idle host."""
+    from testbed.tools.user_exec import NetworkChoice, select_hosts
+
+    choice = NetworkChoice("fixed")
+    _, named = split_segments(["--on", "c", "--", "ping", "{addr:s}"])
+    assert select_hosts(choice, named, []) == ["c", "s"]
+    _, bare = split_segments(["--", "ping", "-c", "1", "{addr:a1}"])
+    assert select_hosts(choice, bare, []) == ["a0", "a1"]
+    _, typo = split_segments(["--", "ping", "-c", "1", "{addr:zz}"])
+    with pytest.raises(CommandError) as bare_error:
+        select_hosts(choice, typo, [])
+    assert str(bare_error.value) == ("{addr:zz}: no host 'zz' in this network; hosts: a0, "
+                                     "a1 (more with --hosts N or --host NAME)")
+    _, on_campaign = split_segments(["--on", "a0", "--", "curl", "{addr:srv}:7000",
+                                     "--on", "c", "--", "ping", "{addr:c}"])
+    with pytest.raises(CommandError, match=r"^\{addr:srv\}: no host 'srv' in this network; "
+                       r"hosts: a0, a1, server, c \(more"):
+        select_hosts(choice, on_campaign, ["a0", "a1", "server"])
+    _, fine = split_segments(["--on", "a0", "--", "curl", "{addr:server}:7000"])
+    assert select_hosts(choice, fine, ["a0", "a1", "server"]) == ["a0", "a1", "server"]
+
+
 def test_batches_start_together_between_readiness_points() -> None:
     ready = Readiness("tcp", port=1)
     specs = [CommandSpec("s", ("a",), service=True), CommandSpec("t", ("b",), service=True,

@@ -23,7 +23,7 @@ import pytest
 
 from testbed.host import ledger as ledger_mod
 from testbed.host.processes import is_running
-from tests.leftovers import prefix_objects
+from tests.leftovers import prefix_objects, watch_runs
 from tests.privileges import require_netem
 
 pytestmark = pytest.mark.privileged
@@ -248,9 +248,40 @@ def _start_and_wait(tmp_path: Path) -> tuple[subprocess.Popen[str], str, list[di
 def test_sigterm_to_the_controller_leaves_nothing(tmp_path: Path) -> None:
     proc, prefix, recorded = _start_and_wait(tmp_path)
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 130
+    assert proc.wait(timeout=60) == 143
     assert_nothing_left(prefix, recorded)
     assert processes_with(b"sleep\x003018") == []
+
+
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_an_interrupted_exec_is_one_line_and_leaves_nothing(tmp_path: Path, signum: int,
+                                                            status: int) -> None:
+    """Ctrl-C or SIGTERM while `sleep 30` runs: the commands are stopped, the network
+    removed, then `testbed: interrupted` alone on stderr (no traceback of trio's
+    exception groups) and exit 128 + the signal."""
+    with watch_runs() as runs:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "testbed", "exec", "fixed", "--quiet", "--hosts", "2",
+             "--", "sh", "-c", "touch ready-$TESTBED_HOST; exec sleep 30"], cwd=tmp_path,
+            text=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            deadline = time.monotonic() + 60
+            while not all((tmp_path / f"ready-a{i}").exists() for i in range(2)):
+                assert proc.poll() is None, proc.communicate()[1]
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            proc.send_signal(signum)
+            _, stderr = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        left = runs.wait_clean()
+    assert proc.returncode == status, stderr
+    assert "Traceback" not in stderr
+    assert stderr.strip().splitlines() == ["testbed: interrupted"], stderr
+    assert runs.prefixes, "the watch saw none of the run's ledgers"
+    assert left == set()
 
 
 def test_kill_9_then_clean_leaves_nothing(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from testbed.report.budget import budget_figure, budget_tables, frontier_points
 from testbed.report.build import build_report
@@ -78,6 +79,7 @@ def test_a_differing_end_is_said_so(tmp_path: Path) -> None:
     assert sum("differs from Owner-head freshness" in f for f in table.findings) == 1
 
 
+@pytest.mark.slow
 def test_the_figure_draws_one_panel_pair_per_rho(tmp_path: Path) -> None:
     run = load_run(write_run(tmp_path, POLICIES))
     assert sorted(frontier_points(run.episodes)) == [1.0, 4.0]

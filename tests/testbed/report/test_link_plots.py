@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from testbed.links.netdef import network_to_data
 from testbed.links.profiles import get_profile
 from testbed.report.delay_figure import delay_figure
@@ -49,6 +51,7 @@ def _att_run(tmp_path: Path) -> tuple[Path, str, str]:
     return run, str(ep.loc[quiet, "episode"]), str(ep.loc[gap, "episode"])
 
 
+@pytest.mark.slow
 def test_the_default_episode_is_the_one_that_meets_the_outage(tmp_path: Path) -> None:
     run_dir, quiet, gap = _att_run(tmp_path)
     run = load_run(run_dir)
@@ -61,6 +64,7 @@ def test_the_default_episode_is_the_one_that_meets_the_outage(tmp_path: Path) ->
     assert quiet not in figure_text
 
 
+@pytest.mark.slow
 def test_a_wired_link_gets_a_log_axis_and_the_legend_sits_off_the_data(
         tmp_path: Path) -> None:
     import matplotlib.figure

@@ -22,15 +22,7 @@ from testbed.report.stats import (
 )
 from testbed.results.rundir import Attempt, split_shard_name
 from testbed.run.attempts import AttemptPolicy, Slot, plan_episode, verdict_attempt
-from testbed.run.disturbance import (
-    OVERSLEEP_P99_MS,
-    RUNQ_SHARE,
-    STEAL_PCT,
-    WAIT_SHARE,
-    HostSample,
-    host_columns,
-    judge,
-)
+from testbed.run.disturbance import HostSample, host_columns
 
 # --- verdict and resolution ------------------------------------------------------------------
 
@@ -289,32 +281,7 @@ def test_collapse_of_repeats_is_the_median_cost_and_the_summed_counts() -> None:
 # --- the disturbance verdict -------------------------------------------------------------------
 
 
-def test_judge_flags_run_queue_wait_above_its_share_of_stall_and_of_runnable_time() -> None:
-    quiet = {"node_runq_wait_ms": 11 * 0.2, "node_cpu_ms": 1000.0,
-             "node_oversleep_p99_ms": 1.0, "host_steal_pct": 0.0}
-    assert judge(quiet, stall_ms_per_action=1500.0, actions=11) == (False, "")
-    limit = RUNQ_SHARE * 1500.0
-    busy = {**quiet, "node_runq_wait_ms": 11 * (limit + 1)}
-    disturbed, reason = judge(busy, stall_ms_per_action=1500.0, actions=11)
-    assert disturbed
-    assert reason.startswith("runq_wait")
-    # waits above the stall share but a small part of the runnable time: the team's own
-    # contention (e.g. three nodes on two CPUs), not disturbance
-    own = {**quiet, "node_runq_wait_ms": 3.0, "node_cpu_ms": 3.0 / WAIT_SHARE * 0.9}
-    assert not judge(own, stall_ms_per_action=3.0, actions=3)[0]
-    # a large share of runnable time but far below the stall: cannot move the stall
-    light = {**quiet, "node_runq_wait_ms": 11 * limit * 0.5, "node_cpu_ms": 10.0}
-    assert not judge(light, stall_ms_per_action=1500.0, actions=11)[0]
-
-
-def test_judge_flags_oversleep_and_steal_and_names_each() -> None:
-    columns = {"node_runq_wait_ms": 0.0, "node_oversleep_p99_ms": OVERSLEEP_P99_MS + 1,
-               "host_steal_pct": STEAL_PCT + 1}
-    disturbed, reason = judge(columns, stall_ms_per_action=100.0, actions=5)
-    assert disturbed
-    assert "oversleep_p99" in reason
-    assert "steal" in reason
-    assert judge({}, stall_ms_per_action=None, actions=0) == (False, "")
+# (the verdict's own tests: tests/testbed/results/test_disturbance_verdict.py)
 
 
 def test_host_columns_are_shares_of_the_interval() -> None:

@@ -23,6 +23,8 @@ from testbed.report.stats import compare, practical_tie, two_stage_draws
 from testbed.results.rundir import RunDirError
 from tests.testbed.report.report_fixtures import ABORTED_STALL_MS, SyntheticRun, make_campaign
 
+pytestmark = pytest.mark.slow
+
 DRAWS = 400
 ALL_POLICIES = [
     "local_replica", "owner_head_freshness", "centralized_lineage", "metadata_sync",
@@ -235,7 +237,8 @@ def test_only_tables_with_cells_are_written(tmp_path: Path) -> None:
     # Table 2 would repeat D.1, so it is left out; no rate, sync, density or reuse cells.
     assert sorted(summary["tables"]) == ["paired_d1_att", "table_d1_att", "table_d5"]
     written = sorted(p.name for p in (tmp_path / "run" / "tables").iterdir())
-    assert written == sorted(f"{t}.{e}" for t in summary["tables"] for e in ("csv", "md", "tex"))
+    stems = [*summary["tables"], *([summary["paper"]] if summary["paper"] else [])]
+    assert written == sorted(f"{t}.{e}" for t in stems for e in ("csv", "md", "tex"))
     names = {p.stem for p in summary["figures"]}
     assert "fig3_keys" in names
     assert "fig2_lowest_stall" not in names

@@ -7,11 +7,14 @@ import io
 import json
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from protocols.policies.registry import policy_class, unregister
 from testbed import api
 from tests.testbed.report.report_fixtures import make_campaign
+
+pytestmark = pytest.mark.slow
 
 PLUGIN = """
 from protocols.api import Policy, register

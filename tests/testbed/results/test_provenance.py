@@ -24,6 +24,8 @@ from testbed.results.verify import relocate, verify_run
 from testbed.run.loop import run_campaign
 from tests.testbed.run.fake_runner import SMALL, FakeRunner, quiet
 
+pytestmark = pytest.mark.slow
+
 LOOPBACK = {**SMALL, "grid": {**SMALL["grid"], "network": ["loopback", "att"]}}
 
 

@@ -20,6 +20,8 @@ import pytest
 
 from testbed.host.ledger import run_state_dir
 
+pytestmark = pytest.mark.slow
+
 CAMPAIGN = """
 name = "leftovers"
 seed = 4

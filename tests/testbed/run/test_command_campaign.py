@@ -200,3 +200,23 @@ def _interrupt_and_resume(campaign_dir: Path, out: Path) -> None:
     assert sum(attempts.values()) <= 4  # at most the episode in flight ran twice
     clean = _testbed("clean", cwd=campaign_dir)
     assert clean.returncode == 0, clean.stderr
+
+
+def test_a_workload_whose_every_episode_aborted_fails_with_its_reasons(campaign_dir: Path
+                                                                      ) -> None:
+    """The client cannot reach its server (a wrong port): every episode aborts, and the
+    run says why (one line per reason, at most 3) and exits 5, not 0."""
+    (campaign_dir / "c.toml").write_text(CAMPAIGN.replace(
+        'argv = ["python3", "client.py", "{addr:echo}", "7100"]',
+        'argv = ["python3", "client.py", "{addr:echo}", "7199"]'))
+    out = campaign_dir / "out"
+    proc = _testbed("run", "c.toml", "--out", str(out), cwd=campaign_dir)
+    assert proc.returncode == 5, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert 1 <= len(lines) <= 3, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert all(line.startswith("testbed run: all 3 episodes aborted, nothing was measured; "
+                               "reason (") for line in lines), lines
+    assert "ConnectionRefusedError" in proc.stderr
+    episodes = pd.read_parquet(out / "episodes.parquet")
+    assert episodes["aborted"].all()

@@ -200,6 +200,7 @@ def test_parallel_lanes_then_extend_on_real_topologies(tmp_path: Path) -> None:
     assert runs.leftovers() == set(), "a lane left something behind"
 
 
+@pytest.mark.slow
 def test_bad_campaign_file_gives_one_line_error(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text('name = "bad"\nseed = 1\ntemplates = 1\n[grid]\npolicy = ["planfence"]\n'
@@ -213,6 +214,7 @@ def test_bad_campaign_file_gives_one_line_error(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_unknown_preset_lists_presets(tmp_path: Path) -> None:
     proc = _testbed("run", "no-such-preset", cwd=tmp_path, timeout=60)
     assert proc.returncode == 2

@@ -102,6 +102,7 @@ class _FreezingRunner:
             yield _Freezing(group, self.stopped)
 
 
+@pytest.mark.slow
 async def test_sigstopped_node_aborts_episode_as_node_unresponsive(tmp_path: Path) -> None:
     camp = campaign(tmp_path)
     runner = _FreezingRunner(EpisodeRunner(camp, workdir_root=tmp_path))
@@ -208,6 +209,7 @@ class _FreezeAfterPingRunner:
             yield _FreezeAfterPing(group, self.freeze_s, self.frozen)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("factor", [1.05, 1.3])
 async def test_a_freeze_just_longer_than_the_heartbeat_timeout_aborts(
         tmp_path: Path, factor: float) -> None:

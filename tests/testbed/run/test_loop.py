@@ -32,6 +32,8 @@ from tests.testbed.run.fake_runner import (
     run_small,
 )
 
+pytestmark = pytest.mark.slow
+
 # --- the campaign loop ---------------------------------------------------------------------
 
 

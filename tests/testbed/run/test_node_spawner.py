@@ -108,6 +108,7 @@ async def test_exit_codes_are_reported_as_subprocess_reports_them(tmp_path: Path
             shutil.rmtree(sock_dir, ignore_errors=True)
 
 
+@pytest.mark.slow
 async def test_a_killed_zygote_takes_its_nodes_with_it(tmp_path: Path) -> None:
     sock_dir = tempfile.mkdtemp(prefix="tb-zy-")
     try:
@@ -299,6 +300,7 @@ async def test_exec_mode_starts_each_node_as_its_own_interpreter(
 
 
 
+@pytest.mark.slow
 async def test_a_report_before_the_pidfd_wakes_its_watcher_and_frees_the_number() -> None:
     """The zygote's report can come before the pidfd is readable: closing the pidfd
     then must end its watcher, and the next pidfd, which reuses the number, must be

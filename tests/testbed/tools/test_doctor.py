@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ from testbed.tools.doctor import (
     Check,
     auto_backend,
     check_congestion_control,
+    check_plugins,
     render_doctor,
     run_doctor,
 )
@@ -121,3 +124,71 @@ def test_render_shows_every_row_and_the_choice() -> None:
         assert c.name in out
         assert c.detail in out
     assert "backend auto -> userspace" in out
+
+
+def _installed_plugin(site: Path, source: str) -> None:
+    """An installed distribution ``broken-policy`` whose entry point in the policy group
+    names module ``broken_policy`` with SOURCE (what pip would leave in a site folder)."""
+    info = site / "broken_policy-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-policy\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        "[planfence_testbed.policies]\nbroken = broken_policy\n")
+    (site / "broken_policy.py").write_text(source)
+
+
+def _doctor(site: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}
+    return subprocess.run([sys.executable, "-m", "testbed", "doctor"], cwd=cwd, env=env,
+                          text=True, capture_output=True, timeout=300, check=False)
+
+
+@pytest.mark.slow
+def test_a_broken_installed_plugin_is_a_problem_line(tmp_path: Path) -> None:
+    """Every campaign loads every installed plugin, so one that does not import fails
+    them all: the doctor says so (a row, one line on stderr, exit 3) instead of all well."""
+    _installed_plugin(tmp_path / "site", "import a_module_that_is_gone\n")
+    with watch_runs():
+        proc = _doctor(tmp_path / "site", tmp_path)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "testbed doctor: problem: policy plugins: plugin 'broken-policy:broken': "
+        "ModuleNotFoundError: No module named 'a_module_that_is_gone' (every campaign "
+        "fails until it is fixed or uninstalled)"]
+    assert "policy plugins" in proc.stdout
+    assert "Traceback" not in proc.stderr
+    (tmp_path / "c.toml").write_text('name = "c"\nseed = 1\ntemplates = 1\n[grid]\n'
+                                     'policy = ["planfence"]\nnetwork = ["loopback"]\n')
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), str(REPO)])}
+    check = subprocess.run([sys.executable, "-m", "testbed", "check", "c.toml"], cwd=tmp_path,
+                           env=env, text=True, capture_output=True, timeout=300, check=False)
+    assert check.returncode == 3, check.stdout + check.stderr  # the installation's fault
+    assert check.stderr.strip().splitlines() == [
+        "testbed check: installed policy plugin 'broken-policy:broken': ModuleNotFoundError: "
+        "No module named 'a_module_that_is_gone'; fix or uninstall it (`testbed doctor` "
+        "checks every installed plugin)"]
+
+
+def test_the_plugin_row_names_each_plugin_and_each_broken_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    import nodes.plugins as plugins
+
+    def broken() -> object:
+        raise ImportError("needs numpy 9")
+
+    monkeypatch.setattr(plugins, "_LOADED", dict(plugins._LOADED))  # loaded: forgotten after
+    module = types.ModuleType("fine_policy_for_doctor")
+    monkeypatch.setattr(plugins, "_entry_points", lambda: [
+        ("fine-policy:fine", ("fine-policy", "1.0"), lambda: module),
+        ("broken-policy:broken", ("broken-policy", "0.1"), broken)])
+    check = check_plugins()
+    assert not check.ok
+    assert check.detail == ("plugin 'broken-policy:broken': ImportError: needs numpy 9 "
+                            "(every campaign fails until it is fixed or uninstalled)")
+    monkeypatch.setattr(plugins, "_entry_points", lambda: [
+        ("fine-policy:fine", ("fine-policy", "1.0"), lambda: module)])
+    assert check_plugins() == Check("policy plugins", True, "fine-policy:fine (no new policy)")
+    monkeypatch.setattr(plugins, "_entry_points", list)
+    assert check_plugins().detail == "none installed (planfence_testbed.policies)"

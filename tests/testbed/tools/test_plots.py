@@ -86,6 +86,7 @@ def test_a_wired_host_is_on_its_own_axes() -> None:
 # --- the wall-time estimate: capacity, outages, setup ------------------------------------
 
 
+@pytest.mark.slow
 def test_the_att_estimate_matches_the_reference_runs_within_a_fifth() -> None:
     """AT&T episodes of results/rates (offset 0): its downlink's many 1 s gaps stall no
     episode (they are in its mean capacity); the estimate stays near what ran."""

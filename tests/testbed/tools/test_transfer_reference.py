@@ -83,6 +83,7 @@ def test_bad_sources_are_the_users_fault_and_name_the_option(tmp_path: Path) -> 
         role_call_reference(live_run=tmp_path)
 
 
+@pytest.mark.slow
 def test_redraw_draws_a_measured_result_again_with_the_line_given(tmp_path: Path) -> None:
     out = tmp_path / "transfer"
     command = [sys.executable, "-m", "testbed", "bench", "transfer", "--redraw", "--out",
