@@ -19,7 +19,6 @@ Rules this module obeys:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,16 +93,6 @@ def node_columns(replies: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
         "node_oversleep_p99_ms": worst("oversleep_p99_ms"),
         "node_oversleep_max_ms": worst("oversleep_max_ms"),
     }
-
-
-def _number(value: Any) -> float | None:
-    if value is None:
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(number) else number
 
 
 async def episode_disturbance(team: Any, before: HostSample | None, episode: Mapping[str, Any],
