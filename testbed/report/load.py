@@ -26,7 +26,7 @@ from testbed.report.attempts import collapse, with_attempt_columns
 from testbed.results.rundir import RunDirError
 from testbed.results.schema import SCHEDULE_COLUMNS
 from testbed.results.schema import STRATUM_COLUMNS as CELL_COLUMNS
-from testbed.results.verdict import rejudge
+from testbed.results.verdict import VERDICT_VERSION, rejudge
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,9 @@ def load_run(path: Path, *, exclude_disturbed: bool = False) -> Run:
     episodes = pd.read_parquet(path / "episodes.parquet")
     _require(episodes, _REQUIRED_EPISODE, path / "episodes.parquet")
     _require(actions, _REQUIRED_ACTION, path / "actions.parquet")
-    episodes = with_attempt_columns(rejudge(episodes))  # the verdict in force
+    if (manifest.get("disturbance_verdict") or {}).get("version") != VERDICT_VERSION:
+        episodes = rejudge(episodes)  # a run made under an earlier verdict: this one's
+    episodes = with_attempt_columns(episodes)
     actions = with_attempt_columns(actions, episodes=False)
     view = collapse(with_action_counts(episodes, actions), actions,
                     exclude_disturbed=exclude_disturbed)
