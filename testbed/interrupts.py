@@ -3,7 +3,8 @@
 Rules this module obeys:
 
 1. ``testbed run`` and ``testbed exec`` call :func:`handled` around the command
-   (``testbed.cli.main``). While it holds, SIGTERM does what Ctrl-C does: the first
+   (``testbed.cli.main``), which puts Python's own SIGINT handler back first (a
+   library may have left one that, say, exits; trio then steps aside). While it holds, SIGTERM does what Ctrl-C does: the first
    SIGINT or SIGTERM is a ``KeyboardInterrupt``, delivered by trio's own SIGINT handler
    inside a trio run (at a checkpoint where trio protects its own code, as Ctrl-C
    always was) and raised at once outside one. The ``finally`` blocks remove what the
@@ -120,6 +121,8 @@ def handled(enabled: bool = True) -> Iterator[None]:
     _STATE.sigint = signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
     _STATE.previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, _handler),
                        signal.SIGINT: signal.getsignal(signal.SIGINT)}
+    if _STATE.sigint:  # Python's own, whatever a library left: trio then installs its own
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield
     finally:

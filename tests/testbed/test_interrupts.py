@@ -26,6 +26,22 @@ def handled() -> Iterator[None]:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+def test_a_handler_a_library_left_does_not_take_the_interrupt() -> None:
+    """A SIGINT handler left by an earlier import (one that exits, say) is put aside:
+    trio's own delivers the interrupt, and the left one comes back afterwards."""
+    def left(signum: int, frame: object) -> None:
+        raise SystemExit(3)
+
+    signal.signal(signal.SIGINT, left)
+    try:
+        with interrupts.handled():
+            assert _interrupted_run(signal.SIGINT, None) == ["cleaned up"]
+    finally:
+        assert signal.getsignal(signal.SIGINT) in (left, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def _interrupted_run(first: int, second: int | None) -> list[str]:
     """A trio run that gets FIRST while it waits and SECOND while it cleans up; what
     its cleanup did."""
