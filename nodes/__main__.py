@@ -81,7 +81,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from nodes.node import run_node
 
-    trio.run(run_node, args.control, args.parent_pid)
+    fatal = trio.run(run_node, args.control, args.parent_pid)
+    if fatal is not None:
+        print(f"node ended: {fatal}", file=sys.stderr)
+        return 3
     return 0
 
 

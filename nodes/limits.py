@@ -31,6 +31,14 @@ What each limit bounds (docs/architecture.md, "Threat model"):
   connection and over all of one peer's connections. Past the first that connection is
   closed; past the second the peer's connection holding the most. Either way it is the
   peer's fault (``rejected``, logged) and the node keeps serving.
+- ``held_bytes_per_node``: everything peers make the node hold at once, whatever the
+  source, member or connection state: partial and complete received frames (before and
+  after a connection proved itself) plus answers waiting on peers. The shares above
+  (per source, per connection, per peer) live inside it; past it the connections
+  holding the most are closed (the peer's fault, ``rejected``) until the node is back
+  within it, so replayed hellos from many addresses, complete junk frames over many
+  connections of one member, or many proven connections each holding a partial frame
+  all stop at this one budget.
 - ``install_records_per_peer`` / ``install_bytes_per_peer``: what one peer may install
   at this node in one episode (records, content bytes); past them the install is
   refused as the peer's protocol error and nothing of it is stored.
@@ -62,6 +70,7 @@ class Limits:
     pre_auth_bytes_per_source: int = 16 * 1024 * 1024
     answer_bytes_per_connection: int = 64 * 1024 * 1024
     answer_bytes_per_peer: int = 128 * 1024 * 1024
+    held_bytes_per_node: int = 128 * 1024 * 1024
     install_records_per_peer: int = 16384
     install_bytes_per_peer: int = 512 * 1024 * 1024
     log_lines_per_s: float = 5.0

@@ -3,7 +3,10 @@
 Rules this module obeys:
 
 1. One ``POST {base_url}/chat/completions`` per attempt, streaming off, with the
-   endpoint's sampling settings (temperature, top_p, max_tokens, seed when set); the
+   endpoint's sampling settings (temperature, top_p, max_tokens, seed when set) and the
+   role's schema as ``response_format`` when the endpoint asks for it (``json_object``:
+   ``{"type": "json_object", "schema": ...}``, which llama.cpp's servers turn into a
+   grammar; ``json_schema``: the OpenAI form, as vLLM and Ollama take it); the
    API key is read from the environment variable the campaign names, never from a file
    or a message, and is sent only as a bearer token.
 2. Where the connection goes is the controller's choice (``connect``): a Unix socket of
@@ -146,8 +149,9 @@ class ModelClient:
                                 "max_tokens": e.max_tokens, "stream": False}
         if e.seed is not None:
             body["seed"] = e.seed
-        if e.response_format == "json_object":
-            body["response_format"] = {"type": "json_object"}
+        if e.response_format == "json_object":  # llama.cpp's form: a grammar from the schema
+            body["response_format"] = {"type": "json_object"} if schema is None else {
+                "type": "json_object", "schema": dict(schema)}
         elif e.response_format == "json_schema" and schema is not None:
             body["response_format"] = {"type": "json_schema", "json_schema": {
                 "name": "decision", "schema": dict(schema)}}

@@ -23,7 +23,6 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +33,25 @@ from nodes.client import RpcClient, open_rpc_client
 from nodes.control import ControlError, field
 from nodes.limits import Limits, LimitsError
 from nodes.live_ops import LiveOps
+from nodes.log_ops import LogOps
+from nodes.node_config import (
+    NodeConfig,
+    action_name,
+    check_identity,
+    congestion_control_arg,
+    episode_identity,
+    ms_of_ns,
+    nonempty_strs,
+    record_ids,
+)
 from nodes.node_env import NodeEnv
 from nodes.rpc import Handlers, SelfServingCaller
 from nodes.sched_probe import SchedProbe
 from nodes.server import DataPlaneServer, serve_data_plane
 from nodes.service import Service, watch_parent
 from nodes.store import DURABILITY_MODES, PolicyStateArea, SqliteStore, remove_store_files
-from nodes.transport import CONNECTION_SETTINGS, Connection, Counters
+from nodes.store_check import CHECK_INTERVAL_S
+from nodes.transport import CONNECTION_SETTINGS, Counters
 from nodes.wire_ops import WireOps
 from protocols.errors import LocalProtocolError
 from protocols.identity import Identity, Roster
@@ -48,90 +59,19 @@ from protocols.planning import PlanningError, current_inputs, derive_plan, own_r
 from protocols.policies import make_policy
 from protocols.policies.base import Policy
 from protocols.policy_rpc import PolicyContext
-from protocols.records import RECORD_ID_BYTES, RECORD_TYPES, Record
+from protocols.records import RECORD_TYPES, Record
 
 log = logging.getLogger("nodes.node")
-MAX_ACTION_CHARS = 120  # record keys (plan/<action>/r<n>) are capped at 200
 
 
-@dataclass
-class _Config:
-    identity: Identity
-    roster: Roster
-    connection: Connection
-    policy: str
-    rpc_timeout_s: float
-    durability: str
-    store_path: Path
-    congestion_control: str | None = None  # set per socket (rootless runs); None: default
-
-
-def _ids(value: object, name: str) -> tuple[bytes, ...]:
-    if not isinstance(value, list) or not all(
-            isinstance(v, bytes) and len(v) == RECORD_ID_BYTES for v in value):
-        raise ControlError(f"{name}: expected a list of {RECORD_ID_BYTES}-byte record IDs")
-    return tuple(value)
-
-
-def _strs(value: object, name: str) -> list[str]:
-    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        raise ControlError(f"{name}: expected a list of non-empty strings")
-    return list(value)
-
-
-def _action(name: str) -> str:
-    if not 0 < len(name) <= MAX_ACTION_CHARS or "/" in name:
-        raise ControlError(f"action: must be 1..{MAX_ACTION_CHARS} characters without '/'")
-    return name
-
-
-def _congestion_control(args: Mapping[str, Any]) -> str | None:
-    name = field(args, "congestion_control", (str, type(None)), default=None)
-    if name is not None and not (0 < len(name) <= 15 and name.replace("_", "").isalnum()):
-        raise ControlError(f"congestion_control: {name!r} is not a kernel algorithm name")
-    return name  # type: ignore[no-any-return]
-
-
-def _ms(ns: int) -> float:
-    return ns / 1e6
-
-
-def _check_identity(identity: Identity, roster: Roster) -> None:
-    member = roster.members.get(identity.agent_id)
-    if member is None:
-        raise ControlError(f"roster: has no member {identity.agent_id!r}")
-    if member.public_key != identity.public_key:
-        raise ControlError("identity_seed: does not match the roster's pinned key")
-
-
-def _episode_identity(args: Mapping[str, Any], cfg: _Config) -> tuple[Identity, Roster] | None:
-    """The identity and roster a ``reset`` binds the episode to (both or neither)."""
-    if "identity_seed" not in args and "roster" not in args:
-        return None
-    seed = field(args, "identity_seed", bytes)
-    if len(seed) != 32:
-        raise ControlError("identity_seed: must be 32 bytes")
-    try:
-        roster = Roster.from_wire(field(args, "roster", dict))
-    except (KeyError, LocalProtocolError) as exc:
-        raise ControlError(f"roster: malformed ({exc})") from None
-    me = roster.members.get(cfg.identity.agent_id)
-    old = cfg.roster.members[cfg.identity.agent_id]
-    if me is not None and (me.host, me.port) != (old.host, old.port):
-        raise ControlError("roster: a reset keeps the node's data-plane address")
-    identity = Identity(cfg.identity.agent_id, seed)
-    _check_identity(identity, roster)
-    return identity, roster
-
-
-class Node(LiveOps, WireOps):
+class Node(LiveOps, WireOps, LogOps):
     """State and control operations of one node process."""
 
     def __init__(self, nursery: trio.Nursery) -> None:
         self._nursery = nursery
         self.counters = Counters()
         self.shutdown_requested = trio.Event()
-        self.cfg: _Config | None = None
+        self.cfg: NodeConfig | None = None
         self.store: SqliteStore | None = None
         self.handlers: Handlers | None = None
         self.client: RpcClient | None = None
@@ -144,14 +84,30 @@ class Node(LiveOps, WireOps):
         self._client_svc: Service | None = None
         #: This process's scheduling delay per episode (nodes/sched_probe.py).
         self.sched = SchedProbe()
+        #: Why the node ended on its own (its store failed its read-back), else None.
+        self.fatal: str | None = None
 
     # --- helpers ------------------------------------------------------------------------
-    def _ready(self) -> tuple[_Config, SqliteStore, NodeEnv, Policy]:
+    def _ready(self) -> tuple[NodeConfig, SqliteStore, NodeEnv, Policy]:
         if self.cfg is None or self.store is None or self.env is None or self.policy is None:
             raise ControlError("op: node is not configured yet (send configure first)")
         return self.cfg, self.store, self.env, self.policy
 
-    def _open_store(self, cfg: _Config) -> SqliteStore:
+    async def watch_store(self) -> None:
+        """Read the store back from disk every ``CHECK_INTERVAL_S`` (nodes/store_check.py);
+        a store overwritten under the node ends it with the reason (it never goes on
+        serving from memory)."""
+        while True:
+            await trio.sleep(CHECK_INTERVAL_S)
+            store = self.store
+            reason = None if store is None else store.read_back(replaced=True)
+            if reason is not None and store is self.store:
+                self.fatal = f"store_failed: {reason}"
+                log.error("store read back failed: %s; the node ends", reason)
+                self.shutdown_requested.set()
+                return
+
+    def _open_store(self, cfg: NodeConfig) -> SqliteStore:
         """Replace the store by an empty one; handlers switch to it at once, so a late
         request from the previous episode never touches a closed database."""
         old = self.store
@@ -166,7 +122,7 @@ class Node(LiveOps, WireOps):
             self.handlers.roster = cfg.roster
         return self.store
 
-    async def _restart_client(self, cfg: _Config) -> RpcClient:
+    async def _restart_client(self, cfg: NodeConfig) -> RpcClient:
         if self._client_svc is not None:
             await self._client_svc.stop()
             self._client_svc = None
@@ -185,7 +141,7 @@ class Node(LiveOps, WireOps):
         self.client = client
         return client
 
-    async def _ensure_server(self, cfg: _Config) -> tuple[str, int]:
+    async def _ensure_server(self, cfg: NodeConfig) -> tuple[str, int]:
         """Serve on our roster entry; a kept bind address keeps the listener (rekeyed)."""
         me = cfg.roster.members.get(cfg.identity.agent_id)
         if me is None:
@@ -219,7 +175,7 @@ class Node(LiveOps, WireOps):
             raise LocalProtocolError("node is not configured")
         return self.handlers.answer(peer_id, method, params)
 
-    def _new_episode_objects(self, cfg: _Config, store: SqliteStore, client: RpcClient) -> None:
+    def _new_episode_objects(self, cfg: NodeConfig, store: SqliteStore, client: RpcClient) -> None:
         self.policy = make_policy(cfg.policy)
         ctx = PolicyContext(agent_id=cfg.identity.agent_id, roster=cfg.roster, store=store,
                             state=PolicyStateArea(store, type(self.policy).name),
@@ -270,17 +226,17 @@ class Node(LiveOps, WireOps):
             roster = Roster.from_wire(roster_raw)
         except (KeyError, LocalProtocolError) as exc:
             raise ControlError(f"roster: malformed ({exc})") from None
-        cfg = _Config(
+        cfg = NodeConfig(
             identity=Identity(agent_id, seed), roster=roster,
             connection=field(args, "connection", str, allowed=CONNECTION_SETTINGS),
             policy=field(args, "policy", str),
             rpc_timeout_s=float(field(args, "rpc_timeout_s", (int, float))),
             durability=field(args, "durability", str, allowed=tuple(DURABILITY_MODES)),
             store_path=Path(field(args, "store_path", str)),
-            congestion_control=_congestion_control(args))
+            congestion_control=congestion_control_arg(args))
         if not cfg.rpc_timeout_s > 0:
             raise ControlError("rpc_timeout_s: must be positive")
-        _check_identity(cfg.identity, roster)
+        check_identity(cfg.identity, roster)
         make_policy(cfg.policy)  # validate the name before changing anything
         try:
             limits = Limits.for_rpc_timeout(cfg.rpc_timeout_s).override(
@@ -311,7 +267,7 @@ class Node(LiveOps, WireOps):
         connection = field(args, "connection", str, allowed=CONNECTION_SETTINGS,
                            default=cfg.connection)
         make_policy(policy)
-        rekeyed = _episode_identity(args, cfg)
+        rekeyed = episode_identity(args, cfg)
         cfg.store_path, cfg.policy = store_path, policy
         if rekeyed is not None:
             cfg.identity, cfg.roster = rekeyed
@@ -377,7 +333,7 @@ class Node(LiveOps, WireOps):
         await call()
         elapsed = time.monotonic_ns() - started - env.replan_ns
         on_path = hook not in policy.off_path_hooks
-        return {"stall_ms": _ms(elapsed) if on_path else 0.0,
+        return {"stall_ms": ms_of_ns(elapsed) if on_path else 0.0,
                 "rpc_timeouts": self.counters.rpc_timeouts - timeouts,
                 **env.meter.rounds_since(mark if on_path else None)}
 
@@ -408,9 +364,9 @@ class Node(LiveOps, WireOps):
 
     async def op_plan(self, args: Mapping[str, Any]) -> dict[str, Any]:
         cfg, _, env, _ = self._ready()
-        action = _action(field(args, "action", str))
+        action = action_name(field(args, "action", str))
         executor = field(args, "executor", str)
-        keys = _strs(field(args, "keys", list), "keys")
+        keys = nonempty_strs(field(args, "keys", list), "keys")
         depth = field(args, "depth", int, allowed=(0, 1), default=0)
         decision = field(args, "decision", (str, bytes), default="")
         if executor not in cfg.roster.members:
@@ -430,7 +386,7 @@ class Node(LiveOps, WireOps):
         records them as read (an executor that has seen a revision). The reply carries
         the round meter's report: ``fetch_ms`` is the time of the content transfer."""
         cfg, _, env, _ = self._ready()
-        keys = _strs(field(args, "keys", list), "keys")
+        keys = nonempty_strs(field(args, "keys", list), "keys")
         for key in keys:
             if key not in cfg.roster.owners:
                 raise ControlError(f"keys: {key!r} is not a shared key")
@@ -442,10 +398,19 @@ class Node(LiveOps, WireOps):
 
     async def op_act(self, args: Mapping[str, Any]) -> dict[str, Any]:
         _, _, env, policy = self._ready()
-        action = _action(field(args, "action", str))
-        roots = _ids(field(args, "roots", list), "roots")
-        keys = tuple(_strs(field(args, "keys", list), "keys"))
+        action = action_name(field(args, "action", str))
+        roots = record_ids(field(args, "roots", list), "roots")
+        keys = tuple(nonempty_strs(field(args, "keys", list), "keys"))
         return await run_act(env, policy, self.counters, action, roots, keys, args)
+
+    async def op_verify_store(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        """Read the store back from disk now (the controller asks at each episode's
+        end): ``reason`` is empty when its files are the ones it wrote."""
+        store = self._ready()[1]
+        reason = store.read_back()
+        if reason is not None:
+            log.error("store read back failed: %s", reason)
+        return {"reason": reason or ""}
 
     async def op_counters(self, args: Mapping[str, Any]) -> dict[str, Any]:
         return self.counters.snapshot()
@@ -457,10 +422,6 @@ class Node(LiveOps, WireOps):
             self.sched.reset()
         return report
 
-    async def op_head_log(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        _, store, _, _ = self._ready()
-        return {"log": [list(entry) for entry in store.head_log()]}
-
     async def op_shutdown(self, args: Mapping[str, Any]) -> dict[str, Any]:
         return {}
 
@@ -469,8 +430,9 @@ class Node(LiveOps, WireOps):
         self.shutdown_requested.set()
 
 
-async def run_node(control_path: str, parent_pid: int | None = None) -> None:
-    """Serve the control socket until ``shutdown`` or SIGTERM/SIGINT; always clean up."""
+async def run_node(control_path: str, parent_pid: int | None = None) -> str | None:
+    """Serve the control socket until ``shutdown`` or SIGTERM/SIGINT; always clean up.
+    Returns why the node ended on its own (:attr:`Node.fatal`), else None."""
     import signal
 
     from nodes.control import serve_control
@@ -492,8 +454,10 @@ async def run_node(control_path: str, parent_pid: int | None = None) -> None:
                 nursery.start_soon(on_signal)
                 nursery.start_soon(watch_parent, parent_pid or os.getppid(),
                                    node.shutdown_requested)
+                nursery.start_soon(node.watch_store)
                 await node.shutdown_requested.wait()
             finally:
                 node.sched.stop()
                 await node.close()
                 nursery.cancel_scope.cancel()
+    return node.fatal

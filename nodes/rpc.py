@@ -34,6 +34,7 @@ from protocols.errors import (
     RemoteCallError,
     RemoteProtocolError,
 )
+from protocols.heads import UNKNOWN_ID, EquivocationError
 from protocols.identity import CENTRAL_ID, Roster
 from protocols.policy_rpc import POLICY_FAULT, PolicyContext, PolicyFault, Rpc, serve
 from protocols.policy_schema import to_wire
@@ -52,7 +53,6 @@ MAX_KEYS_PER_CALL = 4096
 # Error codes of rule 2.
 NOT_OWNER = "not_owner"
 NO_HEAD = "no_head"
-UNKNOWN_ID = "unknown_id"
 NOT_CENTRAL = "not_central"
 STORE_FAILED = "store_failed"  # this node's own store failed (disk full): not the peer
 
@@ -139,6 +139,8 @@ class Handlers:
         except sqlite3.Error as exc:  # our store failed (e.g. a full disk): say so
             raise RemoteCallError(STORE_FAILED, f"{type(exc).__name__}: {exc}") from None
         except RemoteProtocolError as exc:  # includes IntegrityError: connection closes
+            if isinstance(exc, EquivocationError):
+                self.counters.equivocations += 1
             log.warning("rejected %s from %s: %s: %s", method, peer_id,
                         type(exc).__name__, exc)
             raise

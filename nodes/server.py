@@ -25,18 +25,24 @@ plus the connection limits of ``nodes/limits.py``:
    connection, or the peer's connection holding the most, is closed). Each close is
    the peer's fault: ``rejected``, a rate-limited warning, the node keeps serving; what
    such connections held is given back to the kernel after them (``nodes/memory.py``).
+10. One budget over all of it (``held_bytes_per_node``): the bytes every connection's
+   decoder holds (partial and complete frames, proven or not: ``frames``) plus every
+   answer waiting on a peer. Past it the live connections holding the most are closed
+   until the node is back within it, whoever they belong to. A connection that held
+   more than ``LARGE_HOLD_BYTES`` at once has its bytes given back after it closes,
+   however it ended (an honest one holds at most about one artifact frame).
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
 
 from nodes.holdings import Holding
+from nodes.inbound import InboundConn, is_detached, peer_source
 from nodes.limits import Limits, RateLimitedLog
 from nodes.memory import MemoryReturn
 from nodes.transport import (
@@ -56,24 +62,9 @@ from protocols.identity import Identity, Roster
 
 log = logging.getLogger("nodes.transport.server")
 
-
-class _Conn:
-    """One inbound connection: its cancel scope, who it is, whether it proved itself."""
-
-    __slots__ = ("answers", "detached", "faulted", "held_most", "opened", "peer", "pre_auth",
-                 "proven", "scope", "source")
-
-    def __init__(self, source: str = "?") -> None:
-        self.scope = trio.CancelScope()
-        self.peer: str | None = None
-        self.source = source  # the peer's address
-        self.proven = False  # an authenticated frame arrived
-        self.opened = time.monotonic()
-        self.pre_auth = 0  # bytes of a partial frame held before it proved itself
-        self.answers = 0  # bytes of answers waiting on the peer to read them
-        self.held_most = 0  # the most it held of both at once
-        self.faulted = False  # closed for the peer's fault
-        self.detached = False  # being closed: its bytes no longer count (nodes/holdings.py)
+#: A connection that held more than this at once is followed by a memory return.
+LARGE_HOLD_BYTES = 1024 * 1024
+_NODE = "node"
 
 
 class DataPlaneServer:
@@ -90,15 +81,18 @@ class DataPlaneServer:
         self.sync_handler = sync_handler
         self.counters = counters
         self.limits = limits
-        self.conns: dict[_Conn, None] = {}  # insertion order = age
+        self.conns: dict[InboundConn, None] = {}  # insertion order = age
         self.logs = RateLimitedLog(log, rate_per_s=limits.log_lines_per_s)
         self.pre_auth = Holding("pre_auth", lambda c: c.source, per_connection=None,
                                 per_group=limits.pre_auth_bytes_per_source, order="oldest",
-                                detached=_detached)
+                                detached=is_detached)
         self.answers = Holding("answers", lambda c: c.peer,
                                per_connection=limits.answer_bytes_per_connection,
                                per_group=limits.answer_bytes_per_peer, order="largest",
-                               detached=_detached)
+                               detached=is_detached)
+        self.frames = Holding("frames", lambda c: _NODE, per_connection=None,
+                              per_group=limits.held_bytes_per_node, order="largest",
+                              detached=is_detached)
         self.memory = MemoryReturn()
         self._nursery: trio.Nursery | None = None  # the connections' (accept_loop's)
 
@@ -127,18 +121,18 @@ class DataPlaneServer:
                 return True
         return False
 
-    def _admit(self, source: str) -> _Conn | None:
+    def _admit(self, source: str) -> InboundConn | None:
         if len(self.conns) >= self.limits.max_connections and not self._evict_one(None):
             self.counters.refused += 1
             self.logs.warning("refuse", "refused a data-plane connection: %d open "
                               "(max_connections)", len(self.conns))
             return None
-        conn = _Conn(source)
+        conn = InboundConn(source)
         self.conns[conn] = None
         self.counters.peak_connections = max(self.counters.peak_connections, len(self.conns))
         return conn
 
-    def _admit_peer(self, conn: _Conn, peer: str) -> bool:
+    def _admit_peer(self, conn: InboundConn, peer: str) -> bool:
         conn.peer = peer
         same = sum(1 for c in self.conns if c.peer == peer and c is not conn)
         if same < self.limits.max_connections_per_peer:
@@ -153,7 +147,7 @@ class DataPlaneServer:
         return False
 
     # --- bytes held for peers (rule 9) ------------------------------------------------
-    def _hold_pre_auth(self, conn: _Conn, held: int) -> None:
+    def _hold_pre_auth(self, conn: InboundConn, held: int) -> None:
         """``conn`` (not yet proven) holds ``held`` bytes of a partial frame."""
         _, total = self.pre_auth.set(conn, held)
         conn.held_most = max(conn.held_most, held + conn.answers)
@@ -169,7 +163,48 @@ class DataPlaneServer:
             self._close_for_holding(victim, "unauthenticated connections from that "
                                     "source hold more than pre_auth_bytes_per_source")
 
-    def _queue_answer(self, conn: _Conn, size: int) -> None:
+    def _hold_frames(self, conn: InboundConn, held: int) -> None:
+        """``conn``'s decoder holds ``held`` bytes (rules 9 and 10)."""
+        if not conn.proven:
+            self._hold_pre_auth(conn, held)
+        self.frames.set(conn, held)
+        conn.held_most = max(conn.held_most, held + conn.answers)
+        self._within_node_budget(conn)
+
+    def node_held_bytes(self) -> int:
+        """What live connections hold for peers now (rule 10)."""
+        return self.frames.total(_NODE) + sum(self.answers.totals.values())
+
+    def _within_node_budget(self, conn: InboundConn) -> None:
+        """Rule 10: close the connections holding the most while the node is past
+        ``held_bytes_per_node``; raises if ``conn`` itself is one of them."""
+        total = self.node_held_bytes()
+        counters = self.counters
+        counters.peak_node_held_bytes = max(counters.peak_node_held_bytes, total)
+        cap = self.limits.held_bytes_per_node
+        if total <= cap:
+            return
+        live = [c for c in self.conns if not c.detached and c.frames + c.answers > 0]
+        if conn not in live and not conn.detached:
+            live.append(conn)
+        live.sort(key=lambda c: c.frames + c.answers, reverse=True)
+        close_self = False
+        for victim in live:
+            if total <= cap:
+                break
+            total -= victim.frames + victim.answers
+            if victim is conn:
+                close_self = True
+                continue
+            self._close_for_holding(victim, "the node holds more than held_bytes_per_node "
+                                    "for its peers and this connection holds the most")
+        if close_self:
+            self._detach(conn)
+            raise RemoteProtocolError(
+                f"the node holds more than {self.limits.held_bytes_per_node} bytes for "
+                "its peers and this connection holds the most (held_bytes_per_node)")
+
+    def _queue_answer(self, conn: InboundConn, size: int) -> None:
         """``size`` more bytes of answers wait on ``conn``'s peer."""
         held, total = self.answers.change(conn, size)
         conn.held_most = max(conn.held_most, held + conn.pre_auth)
@@ -186,20 +221,23 @@ class DataPlaneServer:
                     f"on a peer that does not read them (answer_bytes_per_{which})")
             self._close_for_holding(victim, "answers waiting on it exceed "
                                     "answer_bytes_per_peer (it does not read them)")
+        if size > 0:
+            self._within_node_budget(conn)
 
-    def _detach(self, conn: _Conn) -> None:
+    def _detach(self, conn: InboundConn) -> None:
         """``conn`` is closing: its bytes stop counting against the caps (they are let
         go as soon as its tasks see the close)."""
         if not conn.detached:
             self.pre_auth.detach(conn)
             self.answers.detach(conn)
+            self.frames.detach(conn)
             conn.detached = True
 
-    def _close(self, conn: _Conn) -> None:
+    def _close(self, conn: InboundConn) -> None:
         self._detach(conn)
         conn.scope.cancel()
 
-    def _close_for_holding(self, conn: _Conn, why: str) -> None:
+    def _close_for_holding(self, conn: InboundConn, why: str) -> None:
         self._close(conn)
         conn.faulted = True
         self.counters.rejected += 1
@@ -218,13 +256,13 @@ class DataPlaneServer:
                 await trio.sleep(0.01)
                 continue
             self.counters.connections_accepted += 1
-            conn = self._admit(_source(stream))
+            conn = self._admit(peer_source(stream))
             if conn is None:
                 await trio.aclose_forcefully(stream)
                 continue
             nursery.start_soon(self.serve_connection, stream, conn)
 
-    async def serve_connection(self, stream: trio.SocketStream, conn: _Conn) -> None:
+    async def serve_connection(self, stream: trio.SocketStream, conn: InboundConn) -> None:
         framed = FramedStream(stream, self.counters, pre_auth_max_bytes=HANDSHAKE1_MAX_BYTES)
         peer = "?"
         limits = self.limits
@@ -244,7 +282,7 @@ class DataPlaneServer:
                         return
                     await framed.send_body(reply)
                 framed.authenticated()
-                framed.on_buffered = lambda held: self._hold_pre_auth(conn, held)
+                framed.on_buffered = lambda held: self._hold_frames(conn, held)
                 await self._serve_requests(framed, session, conn)
         except RemoteProtocolError as exc:
             conn.faulted = True
@@ -262,9 +300,10 @@ class DataPlaneServer:
         finally:
             self.conns.pop(conn, None)
             self.pre_auth.release(conn)
+            self.frames.release(conn)
             await framed.aclose()
-            if conn.faulted or not conn.proven:  # what a peer made it hold is let go
-                self.memory.released(conn.held_most, self._nursery)
+            if conn.faulted or not conn.proven or conn.held_most > LARGE_HOLD_BYTES:
+                self.memory.released(conn.held_most, self._nursery)  # let go (rule 10)
 
     def _answer_now(self, peer: str, rid: int, method: str, params: dict[str, Any]) -> bytes:
         """The response body of one request from :attr:`sync_handler` (raises
@@ -281,7 +320,7 @@ class DataPlaneServer:
             return error_body(rid, "internal", f"{type(exc).__name__}: {exc}")
 
     async def _serve_requests(self, framed: FramedStream, session: Session,
-                              conn: _Conn) -> None:
+                              conn: InboundConn) -> None:
         fault: list[RemoteProtocolError] = []
         limits = self.limits
         timed_out = False
@@ -351,7 +390,6 @@ class DataPlaneServer:
                         msg = await framed.receive_opened(session)
                         if not conn.proven:
                             conn.proven = True
-                            framed.on_buffered = None
                             self.pre_auth.release(conn)
                         if msg is None:
                             break
@@ -390,18 +428,6 @@ class DataPlaneServer:
             raise fault[0]
         if timed_out:
             raise trio.TooSlowError
-
-
-def _detached(conn: _Conn) -> bool:
-    return conn.detached
-
-
-def _source(stream: trio.SocketStream) -> str:
-    """The peer's address (what ``pre_auth_bytes_per_source`` groups by)."""
-    try:
-        return str(stream.socket.getpeername()[0])
-    except OSError:  # already disconnected
-        return "?"
 
 
 async def serve_data_plane(*, host: str, port: int, server: DataPlaneServer | None = None,

@@ -11,12 +11,22 @@ Rules this module enforces (the owner rules of docs/architecture.md):
    strictly higher sequence; an older version is stored (superseded versions stay
    readable) but does not move the head. Every head change is appended to
    ``head_log`` with a CLOCK_MONOTONIC timestamp.
-4. Synced heads (learned from announcements) are never lowered.
+4. Synced heads (learned from announcements) follow ``protocols.heads`` rule 2: never
+   lowered behind a head whose record this store holds; an unproven claim is replaced
+   by the owner's next announcement, so a bogus one cannot wedge the key.
 5. The central directory (``dir_heads``) advances only when the declared owner of a
-   key commits a strictly higher sequence; the same (seq, id) again is a no-op.
+   key commits its next version in order (``protocols.heads`` rule 3: the seed, then
+   the head plus one); the same (seq, id) again is a no-op.
 6. A policy's state (``policy_state``, :class:`PolicyStateArea`) is a key-value area per
    policy name; each write is one commit at the store's durability setting, and it
    goes with the store file, so it is reset with the episode.
+7. A second record at a (key, owner, seq) already held is equivocation by that owner
+   (:class:`protocols.heads.EquivocationError`; both records verified, so both carry
+   its signature).
+8. The store is read back from disk after every install (:meth:`SqliteStore.read_back`,
+   ``nodes.store_check``; a mismatch raises :class:`StoreReadBackError`, the node's
+   ``store_failed``), and the node reads it back while it runs and at each episode's
+   end: a file overwritten under it ends the node with the reason.
 
 Durability ``full`` = ``synchronous=FULL`` (fsync at every commit), ``normal`` =
 ``synchronous=NORMAL`` (fsync at WAL checkpoints only).
@@ -37,7 +47,9 @@ from typing import Any
 
 import msgpack
 
+from nodes.store_check import StoreFiles
 from protocols.errors import ConflictError, LocalProtocolError, OwnerRuleError
+from protocols.heads import adopt_announced, check_commit, equivocation
 from protocols.identity import Roster
 from protocols.policy_rpc import MAX_STATE_VALUE_BYTES, check_state_key
 from protocols.records import RECORD_ID_BYTES, HeadInfo, Record, verify_record
@@ -85,6 +97,14 @@ def remove_store_files(path: Path) -> None:
         Path(f"{path}{suffix}").unlink(missing_ok=True)
 
 
+class StoreReadBackError(sqlite3.DatabaseError):
+    """The store's files on disk are no longer the ones it wrote (rule 8)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"store read back failed: {reason}")
+        self.reason = reason
+
+
 class SqliteStore:
     """:class:`protocols.env.LocalStore` over one SQLite database."""
 
@@ -106,6 +126,8 @@ class SqliteStore:
         self._db.executescript("BEGIN;" + _SCHEMA + "COMMIT;")
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(f"PRAGMA synchronous={DURABILITY_MODES[durability]}")
+        self.page_size = int(self._db.execute("PRAGMA page_size").fetchone()[0])
+        self._files = StoreFiles(self.path, expected_page_size=self.page_size)
         # Records are immutable and named by their digest, so a record read once can be
         # served from memory afterwards (the frontier re-reads the same ancestry on
         # every pass). Only committed records enter; large artifacts stay on disk.
@@ -114,6 +136,13 @@ class SqliteStore:
     # --- lifecycle -------------------------------------------------------------------
     def close(self) -> None:
         self._db.close()
+        self._files.close()
+
+    def read_back(self, *, replaced: bool = False) -> str | None:
+        """Why this store's files on disk are no longer the ones it wrote, or None
+        (``nodes.store_check``: the pages it serves come from its own cache);
+        ``replaced``: also whether its paths still name the files it wrote."""
+        return self._files.check(replaced=replaced)
 
     def pragma(self, name: str) -> object:
         """Read a PRAGMA (tests check the durability setting through this)."""
@@ -174,6 +203,13 @@ class SqliteStore:
         rows = self._db.execute("SELECT key, seq, id, t_ns FROM head_log ORDER BY n")
         return [(k, s, i, t) for k, s, i, t in rows]
 
+    def install_log(self) -> list[tuple[bytes, str, str, int, tuple[bytes, ...], str, str, int]]:
+        """Every stored record as (id, key, owner, seq, parents, rtype, author,
+        installed_ns), in install order: what this node held, and since when."""
+        rows = self._db.execute("SELECT id, key, owner, seq, parents, rtype, author, "
+                                "installed_ns FROM records ORDER BY installed_ns, rowid")
+        return [(i, k, o, s, _unpack_parents(p), r, a, t) for i, k, o, s, p, r, a, t in rows]
+
     def record_count(self) -> int:
         return int(self._db.execute("SELECT count(*) FROM records").fetchone()[0])
 
@@ -199,6 +235,9 @@ class SqliteStore:
             raise
         for record in batch:
             self._remember(record)
+        failed = self.read_back()  # rule 8: what was just committed is still ours
+        if failed is not None:
+            raise StoreReadBackError(failed)
         return new
 
     def _install_one(self, record: Record) -> int:
@@ -208,6 +247,10 @@ class SqliteStore:
             (record.key, record.owner, record.seq)).fetchone()
         if clash is not None:
             if clash[0] != rid:
+                held = self.get(clash[0])
+                found = None if held is None else equivocation(held, record)
+                if found is not None:
+                    raise found
                 raise ConflictError(f"{record.key!r} seq {record.seq} already held with "
                                     f"a different record")
             return 0
@@ -227,40 +270,28 @@ class SqliteStore:
         return 1
 
     def set_synced_head(self, head: HeadInfo) -> None:
-        """Remember an announced head; a lower sequence never overwrites a higher one."""
+        """Adopt an announced head (``protocols.heads`` rule 2)."""
         self._check_declared_owner(head)
         current = self.synced_head(head.key)
-        if current is not None:
-            if head.seq < current.seq:
-                return
-            if head.seq == current.seq:
-                if head.record_id != current.record_id:
-                    raise ConflictError(f"announced {head.key!r} seq {head.seq} differs "
-                                        f"from the one already synced")
-                return
-        self._db.execute("INSERT OR REPLACE INTO synced (key, owner, seq, id) "
-                         "VALUES (?, ?, ?, ?)", (head.key, head.owner, head.seq, head.record_id))
+        proven = current is not None and self.has(current.record_id)
+        if adopt_announced(current, head, proven=proven):
+            self._db.execute("INSERT OR REPLACE INTO synced (key, owner, seq, id) "
+                             "VALUES (?, ?, ?, ?)",
+                             (head.key, head.owner, head.seq, head.record_id))
 
     def dir_commit(self, head: HeadInfo, *, committer: str) -> bool:
         """Advance the central directory's head; True if it moved.
 
         Raises OwnerRuleError if the committer is not the key's declared owner or the
-        sequence does not increase, ConflictError for a different ID at the same seq.
+        commit is out of order (``protocols.heads`` rule 3), EquivocationError for a
+        different ID at the same seq.
         """
         self._check_declared_owner(head)
         if committer != head.owner:
             raise OwnerRuleError(f"commit of {head.key!r} by {committer!r}, "
                                  f"not its owner {head.owner!r}")
-        current = self.dir_head(head.key)
-        if current is not None:
-            if head.seq == current.seq and head.record_id == current.record_id:
-                return False
-            if head.seq == current.seq:
-                raise ConflictError(f"commit of {head.key!r} seq {head.seq} conflicts "
-                                    f"with the directory head")
-            if head.seq < current.seq:
-                raise OwnerRuleError(f"commit of {head.key!r} seq {head.seq} does not "
-                                     f"increase the directory head seq {current.seq}")
+        if not check_commit(self.dir_head(head.key), head):
+            return False
         self._db.execute("INSERT OR REPLACE INTO dir_heads (key, owner, seq, id) "
                          "VALUES (?, ?, ?, ?)", (head.key, head.owner, head.seq, head.record_id))
         return True

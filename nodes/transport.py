@@ -83,6 +83,7 @@ class Counters:
     rejected: int = 0
     refused: int = 0  # inbound connections refused or evicted by the connection caps
     rpc_timeouts: int = 0  # calls of this node's client that got no answer in time
+    equivocations: int = 0  # requests refused as an owner's equivocation (protocols.heads)
     # High-water marks against nodes.limits (what an honest campaign needs):
     peak_connections: int = 0  # inbound connections open at once
     peak_peer_connections: int = 0  # ... from one peer
@@ -92,6 +93,7 @@ class Counters:
     peak_pre_auth_bytes: int = 0  # partial frames held for not yet proven connections of one source
     peak_answer_bytes: int = 0  # answers waiting on one connection's peer to read them
     peak_peer_answer_bytes: int = 0  # ... on all connections of one peer
+    peak_node_held_bytes: int = 0  # received frames and answers held for all peers at once
 
     def snapshot(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -106,9 +108,10 @@ class FramedStream:
 
     Until :meth:`authenticated` it accepts frames of at most ``pre_auth_max_bytes``
     and reads no byte beyond the frame being received (rule 6 of ``protocols.auth``).
-    While :attr:`on_buffered` is set (the server sets it until a connection's first
-    authenticated frame), it is called after every read with the bytes the decoder
-    holds, and may raise to close the connection (``pre_auth_bytes_per_source``).
+    While :attr:`on_buffered` is set (the server sets it for its connections), it is
+    called after every read with the bytes the decoder holds (partial and complete
+    frames not yet taken), and may raise to close the connection
+    (``pre_auth_bytes_per_source``, ``held_bytes_per_node``).
 
     Reads land in one receive buffer per thread and the decoder copies out what it
     keeps, so a read allocates nothing of its own (a fresh 256 KiB object per read would
@@ -266,6 +269,8 @@ class FramedStream:
 
     async def receive_body(self) -> bytes | None:
         decoder = self._decoder
+        if self.on_buffered is not None:  # the frame taken before is handled: let it go
+            self.on_buffered(decoder.held_bytes)
         while True:
             body = decoder.next_frame()
             if body is not None:

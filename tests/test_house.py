@@ -46,10 +46,12 @@ STAGES: dict[str, set[str]] = {
     "run": {"errors", "interrupts", "host", "links", "net", "campaign", "results"},
     "tools": {"errors", "interrupts", "host", "links", "net", "campaign", "results", "run",
               "report"},
-    "api": {"errors", "interrupts", "host", "links", "net", "campaign", "results", "run",
+    "sim": {"errors", "interrupts", "host", "links", "net", "campaign", "results", "run",
             "report", "tools"},
+    "api": {"errors", "interrupts", "host", "links", "net", "campaign", "results", "run",
+            "report", "tools", "sim"},
     "cli": {"errors", "interrupts", "host", "links", "net", "campaign", "results", "run",
-            "report", "tools", "api"},
+            "report", "tools", "sim", "api"},
     "__main__": {"cli"},
 }
 #: top-level package -> the project packages it may import.

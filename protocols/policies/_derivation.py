@@ -40,6 +40,7 @@ from protocols.frontier import (
     decide,
     reconstruct,
 )
+from protocols.heads import unproducible
 from protocols.policies.base import Policy
 from protocols.records import RECORD_ID_BYTES, HeadInfo
 
@@ -128,7 +129,10 @@ async def refresh(env: PolicyEnv, evidence: Evidence, captured: Mapping[str, byt
     def fetcher(head: HeadInfo) -> Callable[[], Awaitable[None]]:
         async def run() -> None:
             peer = evidence.sources.get(head.key) or env.roster.owner_of(head.key)
-            record = await tally.call(lambda: env.fetch(peer, head.record_id))
+            try:
+                record = await tally.call(lambda: env.fetch(peer, head.record_id))
+            except RpcError as exc:
+                raise unproducible(head, peer, exc) from None
             if record.head != head:
                 raise IntegrityError(f"record fetched for {head.key!r} does not match the "
                                      f"reported head envelope")

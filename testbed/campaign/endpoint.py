@@ -48,7 +48,10 @@ class ModelSettings:
     placement: str = "beside"
     max_retries: int = 3
     corrections: int = 1
-    response_format: str = "none"
+    # How the role's schema constrains decoding: json_object (the schema inside a JSON-mode
+    # request, llama.cpp's form; other servers fall back to JSON mode), json_schema (the
+    # OpenAI form: vLLM, Ollama, llama-server, hosted APIs) or none (the prompt only).
+    response_format: str = "json_object"
 
     def to_data(self) -> dict[str, Any]:
         """What the manifest records (rule 2: the key's variable name, never the key)."""

@@ -21,7 +21,7 @@ from typing import Any
 
 from testbed.campaign.decisions import RecordedDecisions, load_recorded
 from testbed.campaign.endpoint import ModelSettings, model_from_data, parse_model
-from testbed.campaign.live import EXECUTOR_INPUTS, LIVE_KIND, OVERLAPS
+from testbed.campaign.live import LIVE_KIND
 from testbed.campaign.model import Campaign, CampaignError
 from testbed.campaign.workload import template_family
 
@@ -75,13 +75,6 @@ def _decisions(value: Any, templates: Sequence[str], base_dir: Path | None,
         raise CampaignError(f"decisions: the recorded decisions under {decisions.path} have "
                             "changed since this run started (digest differs)")
     return decisions
-
-
-def live_grid_value(name: str, value: Any, where: str) -> str:
-    choices = EXECUTOR_INPUTS if name == "executor_inputs" else OVERLAPS
-    if isinstance(value, str) and value in choices:
-        return value
-    raise CampaignError(f"{where}: {value!r} is not allowed; allowed: {', '.join(choices)}")
 
 
 def with_endpoint(campaign: Campaign, *, base_url: str | None = None,

@@ -30,6 +30,7 @@ from typing import Any
 
 from testbed.campaign.model import Campaign, CampaignError, fmt_number
 from testbed.errors import UserError
+from testbed.links.backend import SIM_BACKEND
 from testbed.links.linkspec import CENTRAL_HOST, LinkSpec, NetworkProfile
 from testbed.links.netdef import network_to_data, parse_network
 from testbed.links.netem_plan import unsupported
@@ -149,6 +150,11 @@ def check_against_grid(campaign: Campaign) -> None:
 
 def check_backend(campaign: Campaign, backend: str) -> None:
     """Refuse an explicit backend that cannot run some network of CAMPAIGN as defined."""
+    if backend == SIM_BACKEND:
+        from testbed.campaign.sim_support import check_campaign
+
+        check_campaign(campaign)
+        return
     if backend not in ("netem", "userspace"):
         return
     for name in campaign.network_names():

@@ -28,7 +28,7 @@ from testbed.campaign.workload import (
     TEMPLATES_PER_FAMILY,
     TIERS,
 )
-from testbed.links.backend import BACKEND_CHOICES
+from testbed.links.backend import RUN_BACKEND_CHOICES
 from testbed.links.profiles import profile_names
 
 #: Nominal update rates a campaign may ask for: the paper's grid and the interpolated
@@ -37,7 +37,7 @@ RHOS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 CONNECTIONS: tuple[Connection, ...] = CONNECTION_SETTINGS
 DURABILITY: tuple[str, ...] = tuple(DURABILITY_MODES)
 WIRE_ENCODINGS: tuple[str, ...] = tuple(_WIRE_ENCODINGS)
-BACKENDS: tuple[str, ...] = BACKEND_CHOICES
+BACKENDS: tuple[str, ...] = RUN_BACKEND_CHOICES
 MAX_TEMPLATES = len(FAMILIES) * TEMPLATES_PER_FAMILY
 #: ``[execution] cluster`` and ``--cluster``: local:N or a scheduler's address.
 CLUSTER_SPEC = re.compile(r"local:[1-9][0-9]*|(tcp|tls)://[^\s/:]+:[0-9]+")

@@ -20,9 +20,11 @@ from collections.abc import Callable, Sequence
 from testbed import interrupts
 from testbed.cli import (
     bench,
+    calibrate,
     campaigns,
     cluster,
     examples,
+    history,
     info,
     maintenance,
     model,
@@ -30,6 +32,8 @@ from testbed.cli import (
     precision,
     programs,
     reproduce,
+    schema,
+    simcheck,
     verify,
 )
 from testbed.cli.common import (
@@ -44,7 +48,7 @@ from testbed.errors import HostError, UserError, one_line
 
 #: Sub-command modules in the order `testbed --help` lists them.
 COMMAND_MODULES = (info, examples, campaigns, precision, programs, policies, cluster, maintenance,
-                   model, bench, verify, reproduce)
+                   model, bench, calibrate, simcheck, verify, history, reproduce, schema)
 #: Commands whose SIGINT and SIGTERM end them with one line once everything they built is
 #: removed, exit status 128 + the signal (testbed.interrupts).
 INTERRUPTIBLE = ("run", "exec")

@@ -300,6 +300,19 @@ def _model_args(b: argparse.ArgumentParser) -> None:
                         "matched, zero or seconds")
 
 
+def _history(args: argparse.Namespace, out: Console, json_path: Path | None) -> Any:
+    from testbed.tools.bench_history import bench_history
+
+    result = bench_history(args.events)
+    write_json(json_path, result)
+    return result
+
+
+def _history_args(b: argparse.ArgumentParser) -> None:
+    b.add_argument("--events", type=positive_int, default=1_000_000, metavar="N",
+                   help="events in the synthetic history (default 1000000)")
+
+
 BenchRun = Callable[[argparse.Namespace, "Console", "Path | None"], Any]
 
 
@@ -336,6 +349,8 @@ BENCHES: tuple[Bench, ...] = (
     Bench("model", "role-call overhead against the stand-in model server, and the live "
                    "preset's wall time per attempt at the calibrated latency", _model,
           _model_args),
+    Bench("history", "the history checker's throughput (events/s) and peak memory on a "
+                     "seeded synthetic history", _history, _history_args),
 )
 
 

@@ -23,6 +23,7 @@ from testbed.cli.common import (
 )
 from testbed.cli.precision import add_precision_arguments
 from testbed.errors import HostError, UserError
+from testbed.links.backend import SIM_BACKEND
 
 
 def _load(args: argparse.Namespace) -> Any:
@@ -140,13 +141,20 @@ def _execute(args: argparse.Namespace, campaign: Any, out: Path, attempts: Any, 
     jobs = args.jobs if args.jobs is not None else campaign.execution.jobs
     mixed = args.allow_mixed_backends or campaign.execution.allow_mixed_backends
     shaped = any(campaign.network_profile(n).link is not None for n in campaign.network_names())
+    simulated = (args.backend or campaign.options.backend) == SIM_BACKEND
+    if simulated and cluster is not None:
+        raise UserError("--cluster: the sim backend runs its episodes in this process for "
+                        "now; drop --cluster (or use backend auto)")
+    if not simulated and getattr(args, "calibration", None) is not None:
+        raise UserError("--calibration: only the sim backend reads a calibration; add "
+                        "--backend sim or drop --calibration")
     if cluster is not None and campaign.options.link_log:
         raise UserError("options.link_log: packet logs are written by runs in this process "
                         "(--jobs), not on a cluster; drop --cluster or link_log")
     if campaign.command is not None and cluster is not None:
         raise UserError("--cluster: a command workload runs its programs from this process; "
                         "drop --cluster (use --jobs N for lanes)")
-    if shaped and (cluster is None or cluster.startswith("local:")):
+    if shaped and not simulated and (cluster is None or cluster.startswith("local:")):
         require_namespaces(f"campaign {campaign.name!r} (non-loopback networks)")
     if not getattr(args, "warned", False):  # after a rootless re-execution, so once
         _warn(args, campaign, jobs)  # (and once for all rounds of --until-resolved)
@@ -160,7 +168,8 @@ def _execute(args: argparse.Namespace, campaign: Any, out: Path, attempts: Any, 
                        backend=args.backend, workdir=workdir, console=out_console,
                        repeats=attempts.repeats, rerun_disturbed=attempts.rerun_disturbed,
                        host_lanes=args.host_lanes, allow_dirty=dirty,
-                       allow_code_change=code_change, allow_side_branch=side)
+                       allow_code_change=code_change, allow_side_branch=side,
+                       calibration=getattr(args, "calibration", None))
     label = str(Path(out).absolute())
     if resume or extend:  # what a killed run (this one's, or any) left behind
         for item in clean_dead_runs(run_state_dir()):
@@ -248,8 +257,9 @@ def cmd_report(args: argparse.Namespace) -> int:
                         "(run a campaign into it first, or finish it with --resume)")
     out_console = console()
     summary = api.report(run_dir, draws=args.draws, seed=args.seed, console=out_console,
-                         episode=args.episode, exclude_disturbed=args.exclude_disturbed)
-    out_console.print(f"report: {run_dir / 'report.md'} ({len(summary.get('tables', []))} "
+                         episode=args.episode, exclude_disturbed=args.exclude_disturbed,
+                         out=args.out)
+    out_console.print(f"report: {summary['report_md']} ({len(summary.get('tables', []))} "
                       f"tables, {len(summary.get('figures', []))} figures)")
     return 0
 
@@ -269,7 +279,7 @@ def _plugin_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def register(sub: Any) -> None:
-    from testbed.links.backend import BACKEND_CHOICES as BACKENDS  # light: no registries
+    from testbed.links.backend import RUN_BACKEND_CHOICES as BACKENDS  # light: no registries
 
     p = sub.add_parser("check", help="validate a campaign and print its plan; creates nothing")
     p.add_argument("campaign", help="preset name or path to a campaign TOML file")
@@ -326,7 +336,11 @@ def register(sub: Any) -> None:
                    help="override the campaign's template count (quick looks)")
     p.add_argument("--backend", choices=list(BACKENDS),
                    help="link backend for the shaped networks (default: the campaign's "
-                        "option, else auto); unshaped ones (loopback) never get one")
+                        "option, else auto); unshaped ones (loopback) never get one; sim: "
+                        "every episode in virtual time, no root (docs/sim.md)")
+    p.add_argument("--calibration", metavar="FILE",
+                   help="--backend sim: the service times `testbed calibrate sim` wrote "
+                        "(default: its default file)")
     p.add_argument("--workdir", metavar="DIR", help="where node stores and sockets live "
                                                     "(default: a fresh directory under /tmp)")
     add_precision_arguments(p)
@@ -346,4 +360,7 @@ def register(sub: Any) -> None:
                    help="leave disturbed attempts out of every table (the report says how "
                         "many; an episode with no undisturbed attempt drops out with its "
                         "pairs)")
+    p.add_argument("--out", metavar="DIR", type=Path,
+                   help="write tables/, figures/ and report.md/html here (default: the "
+                        "results directory)")
     p.set_defaults(func=cmd_report)

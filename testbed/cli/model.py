@@ -1,8 +1,11 @@
-"""``testbed model-server``: the stand-in model server for tests, CI and demos.
+"""``testbed model-server``: the stand-in model server for tests, CI and demos, or a
+real model on this machine.
 
-It is rule-based, not a model (``testbed.tools.stand_in``); a run made against it says
-so in its manifest and report. Point a live campaign at a real server by changing
-``[model] base_url`` and ``model`` (docs/live.md).
+By default it is the stand-in: rule-based, not a model (``testbed.tools.stand_in``); a
+run made against it says so in its manifest and report. ``--model smollm2`` (a model
+bundled by the ``model`` extra) or ``--gguf FILE`` serve a real model through llama.cpp's
+OpenAI-compatible server, a child process of this one (``testbed.tools.llama_process``).
+Point a live campaign at either by ``[model] base_url`` and ``model`` (docs/live.md).
 """
 
 from __future__ import annotations
@@ -40,6 +43,10 @@ def _rules(args: argparse.Namespace) -> Any:
 
 
 def cmd_model_server(args: argparse.Namespace) -> int:
+    from testbed.tools.llama_process import BUNDLED
+
+    if args.gguf is not None or args.model in BUNDLED:
+        return _serve_llama(args)
     import trio
 
     from testbed.tools.model_server import StandInServer
@@ -77,16 +84,85 @@ def cmd_model_server(args: argparse.Namespace) -> int:
     return 0
 
 
+STAND_IN_ONLY = (("latency", "zero"), ("fault", None), ("fault_first", None),
+                 ("auditor_repeat_rate", 0.0), ("replay", None))
+
+
+def _serve_llama(args: argparse.Namespace) -> int:
+    """A real model: llama.cpp's server on a GGUF file, until SIGTERM/SIGINT."""
+    import trio
+
+    from testbed.tools.llama_process import (
+        bind,
+        bundled_gguf,
+        check_extra,
+        host_threads,
+        open_llama_server,
+    )
+
+    for name, default in STAND_IN_ONLY:
+        if getattr(args, name) != default:
+            raise UserError(f"--{name.replace('_', '-')}: only for the stand-in; a real model "
+                            "(--model smollm2, --gguf) answers as it does")
+    if args.threads is not None and args.threads < 1:
+        raise UserError(f"--threads: {args.threads} is not allowed; allowed: integers >= 1")
+    if args.ctx < 512:
+        raise UserError(f"--ctx: {args.ctx} is not allowed; allowed: integers >= 512")
+    check_extra()
+    if args.gguf is not None:
+        gguf = Path(args.gguf)
+        if not gguf.is_file():
+            raise UserError(f"--gguf: {gguf} is not a file")
+    else:
+        gguf = bundled_gguf(args.model)
+    alias = args.model if args.model != "planfence-stand-in" or args.gguf is None \
+        else gguf.stem
+    threads = args.threads or host_threads()
+    sock = bind(args.host, args.port)
+
+    async def main() -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async with open_llama_server(gguf, sock, alias=alias, threads=threads,
+                                         ctx=args.ctx, seed=args.seed) as (url, found):
+                ident = found.get("gguf") or {}
+                print(f"llama.cpp server ({found.get('server', '?')} {found.get('version', '?')}"
+                      f") serving {alias!r} on {url} ({ident.get('file', gguf.name)}, "
+                      f"{ident.get('quantization', '?')}, sha256 "
+                      f"{str(ident.get('sha256', '?'))[:16]}..., {threads} threads)",
+                      flush=True)
+                print(f"  [model] base_url = \"{url}\"  model = \"{alias}\"  (identity: "
+                      f"{url.removesuffix('/v1')}/version)\n"
+                      f"  testbed run live --model-url {url} --model {alias}", flush=True)
+                async for _ in signals:
+                    break
+
+    trio.run(main)
+    return 0
+
+
 def register(sub: Any) -> None:
+    from testbed.tools.llama_process import BUNDLED
     from testbed.tools.stand_in import FAULTS, LATENCIES
 
-    p = sub.add_parser("model-server", help="the stand-in OpenAI-compatible model server "
-                                            "(rule-based, not a model) for live campaigns")
+    p = sub.add_parser("model-server", help="an OpenAI-compatible model server for live "
+                                            "campaigns: the stand-in (rule-based, not a "
+                                            "model) or, with --model smollm2, a real model")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
     p.add_argument("--port", type=int, default=8800, help="port (8800; 0 picks a free one)")
     p.add_argument("--model", default="planfence-stand-in",
-                   help="the model name it serves (planfence-stand-in)")
-    p.add_argument("--seed", type=int, default=0, help="seed of latencies and faults (0)")
+                   help="the model name it serves (planfence-stand-in: the stand-in); "
+                        f"{', '.join(BUNDLED)}: that real model through llama.cpp's server "
+                        "(needs the model extra: bash scripts/setup.sh --model)")
+    p.add_argument("--gguf", metavar="FILE",
+                   help="serve this GGUF model file through llama.cpp's server (under "
+                        "--model's name, or the file's stem)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="a real model's CPU threads (default: the CPUs this host gives it)")
+    p.add_argument("--ctx", type=int, default=4096,
+                   help="a real model's context length in tokens (4096)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the stand-in's latencies and faults, or a real model's "
+                        "default sampling seed (0; a request's own seed wins)")
     p.add_argument("--latency", default="zero", metavar="|".join(LATENCIES) + "|SECONDS",
                    help="answer delay: zero, calibrated (median 1.17 s, IQR 0.69-2.90 s), "
                         "matched (0.6 s) or a fixed number of seconds (default zero)")

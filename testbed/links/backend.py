@@ -38,7 +38,12 @@ from typing import Protocol
 from testbed.errors import HostError
 
 BACKEND_CHOICES = ("auto", "userspace", "netem")
-"""What a user may ask for (a campaign's ``options.backend``, ``--backend``)."""
+"""The link backends a user may ask for (a campaign's ``options.backend``, ``--backend``)."""
+SIM_BACKEND = "sim"
+"""Not a link backend: every episode in virtual time, nodes and links simulated
+(``testbed.sim``); ``testbed run`` takes it where it takes a link backend."""
+RUN_BACKEND_CHOICES = (*BACKEND_CHOICES, SIM_BACKEND)
+"""What ``options.backend`` and ``testbed run --backend`` accept."""
 NO_BACKEND = "none"
 """What an unshaped network (loopback) runs on."""
 

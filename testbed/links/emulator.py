@@ -8,12 +8,24 @@ per group, a new control socket and the group's TUN fds (SCM_RIGHTS), and the ch
 serves every group at once, each on its own control connection with its own link core
 and statistics (``testbed.links.emulator_group`` has the per-group control ops).
 
-It runs the groups' ``EmulatorCore`` in one plain select() loop: select's timeout has
-microsecond resolution and the timer slack is set to 1 ns, so releases are ~0.1 ms late
-at worst, where an epoll loop (trio's) would be ~1 ms late. It is a process, not a
+It runs the groups' ``EmulatorCore`` in one plain epoll loop (:class:`_Watch`): the fds
+stay registered between waits, so a wait costs the same for 10 hosts or 10,000 and the
+number of hosts is bounded by memory and the process's fd limit, not by select()'s
+1,024 descriptors (:func:`fd_limit`). epoll's own timeout has millisecond resolution,
+so the next release is a CLOCK_MONOTONIC timerfd in the same epoll set with the timer
+slack set to 1 ns: releases are ~0.1 ms late at worst, where a bare epoll timeout (trio's)
+would be ~1 ms late. It is a process, not a
 thread of the controller, so the controller's GIL (5 ms switch interval) never delays a
 packet; and one process for every lane means one real-time loop instead of one per lane
 competing for two cores (docs/emulator.md).
+
+A frozen emulator (SIGSTOP, a host that does not run it) holds the packets that arrive
+meanwhile in the TUN queues, and a packet's delay is counted from when the loop reads
+it, so release lateness alone would not see the freeze. The loop therefore wakes at
+least every ``WATCH_S``, and a wake later than its timeout by more than ``STALL_MIN_MS``
+is a stall: every group whose packets are read within ``STALL_READ_MS`` of it (they
+waited through it) gets it as lateness (``late_max_us``), which the episode's
+disturbance verdict reads.
 
 EOF on a group's control socket ends that group (its fds are closed); EOF on the
 inherited control socket, or on the service socket, means the controller is gone and
@@ -26,7 +38,9 @@ import argparse
 import contextlib
 import ctypes
 import errno
+import math
 import os
+import resource
 import select
 import signal
 import socket
@@ -51,9 +65,18 @@ from testbed.links.emulator_group import (
 )
 
 _PR_SET_TIMERSLACK = 29
+_CLOCK_MONOTONIC = 1  # time.monotonic()'s clock on Linux
+_TFD_NONBLOCK_CLOEXEC = os.O_NONBLOCK | os.O_CLOEXEC
+_TFD_TIMER_ABSTIME = 1
+#: fds the emulator holds besides one per host: stdio, the control or service socket,
+#: the epoll and timer fds, a group's control sockets, open link logs' slack
+FIXED_FDS = 64
 _READ_BATCH = 64
 _SPIN_MS = 0.3
 MAX_GROUP_FDS = 253  # SCM_RIGHTS carries at most 253 fds: a control socket + 252 hosts
+WATCH_S = 0.05  # the loop wakes at least this often, so a freeze shows as a late wake
+STALL_MIN_MS = 2.0  # a wake later than this past its timeout is a stall
+STALL_READ_MS = 20.0  # packets read this soon after a stall waited through it
 
 
 def _set_timer_slack_ns(ns: int) -> None:
@@ -69,10 +92,106 @@ class _Stop(Exception):
     pass
 
 
+def fd_limit(wanted: int | None = None) -> int:
+    """How many fds this process may open (RLIMIT_NOFILE), its soft limit raised to
+    WANTED if it is lower (None: to the hard limit) as far as the hard limit allows.
+    The emulator needs one per host beside :data:`FIXED_FDS`."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if wanted is None else wanted
+    if hard != resource.RLIM_INFINITY:
+        target = min(target, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+    return soft
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = (("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long))
+
+
+class _Itimerspec(ctypes.Structure):
+    _fields_ = (("it_interval", _Timespec), ("it_value", _Timespec))
+
+
+class _Timer:
+    """A one-shot CLOCK_MONOTONIC timerfd: wakes the epoll wait at a deadline with the
+    kernel's resolution (epoll's own timeout rounds up to whole milliseconds)."""
+
+    def __init__(self) -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        self._settime = libc.timerfd_settime
+        self.fd = int(libc.timerfd_create(_CLOCK_MONOTONIC, _TFD_NONBLOCK_CLOEXEC))
+        if self.fd < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"timerfd_create: {os.strerror(err)}")
+
+    def arm(self, deadline_s: float) -> None:
+        """Fire at DEADLINE_S on time.monotonic()'s clock (re-arming clears a firing)."""
+        sec = int(deadline_s)
+        spec = _Itimerspec(_Timespec(0, 0),
+                           _Timespec(sec, max(1, int((deadline_s - sec) * 1e9))))
+        if self._settime(self.fd, _TFD_TIMER_ABSTIME, ctypes.byref(spec), None) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"timerfd_settime: {os.strerror(err)}")
+
+    def clear(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            os.read(self.fd, 8)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+class _Watch:
+    """The fds the loop waits on, registered with one epoll (level-triggered, readable).
+
+    An fd is unregistered before it is closed: epoll keys its entries by the open file,
+    which the parent still holds for a TUN fd, so a closed but registered fd would keep
+    waking the loop."""
+
+    def __init__(self) -> None:
+        self.epoll = select.epoll()
+        self.timer = _Timer()
+        self.epoll.register(self.timer.fd, select.EPOLLIN)
+        self.fds: set[int] = set()
+
+    def update(self, wanted: set[int]) -> None:
+        for fd in self.fds - wanted:
+            with contextlib.suppress(OSError):
+                self.epoll.unregister(fd)
+        for fd in wanted - self.fds:
+            self.epoll.register(fd, select.EPOLLIN)
+        self.fds = wanted
+
+    def wait(self, timeout_s: float | None) -> list[int]:
+        """The readable fds, waiting at most TIMEOUT_S (None: until one is)."""
+        if timeout_s is None:
+            events = self.epoll.poll(-1)
+        elif timeout_s <= 0:
+            events = self.epoll.poll(0)
+        else:
+            self.timer.arm(time.monotonic() + timeout_s)
+            # the timer wakes the wait; epoll's own (rounded up) timeout is a backstop
+            events = self.epoll.poll(math.ceil(timeout_s * 1000.0 + 1.0) / 1000.0)
+        ready = []
+        for fd, _ in events:
+            if fd == self.timer.fd:
+                self.timer.clear()
+            else:
+                ready.append(fd)
+        return ready
+
+    def close(self) -> None:
+        self.epoll.close()
+        self.timer.close()
+
+
 def _try_realtime(priority: int) -> bool:
     """SCHED_FIFO so that other load on the host cannot delay a release by milliseconds.
 
-    The loop sleeps in select() between events and polls at most SPIN_MS per event, and
+    The loop sleeps in epoll between events and polls at most SPIN_MS per event, and
     the kernel's RT throttling (sched_rt_runtime_us) bounds it anyway.
     """
     if priority <= 0:
@@ -102,7 +221,7 @@ class _Conn:
 
 
 def _release(st: GroupState, spin_ms: float) -> float | None:
-    """Write every packet of ST due now; the select() timeout until its next event."""
+    """Write every packet of ST due now; the wait until its next event (seconds)."""
     core = st.core
     if core is None:
         return None
@@ -119,14 +238,14 @@ def _release(st: GroupState, spin_ms: float) -> float | None:
     nxt = core.next_event_ms()
     if nxt is None:
         return None
-    # Sleep until SPIN_MS before the event, then poll: a sleeping select() wakes
+    # Sleep until SPIN_MS before the event, then poll: a sleeping wait wakes
     # ~0.05-0.2 ms late; polling the last stretch is exact.
     return max(0.0, nxt - monotonic() * 1000.0 - spin_ms) / 1000.0
 
 
-def _read_packets(st: GroupState, fd: int, now_ms: float) -> None:
+def _read_packets(st: GroupState, fd: int, src: int, now_ms: float) -> None:
+    """Packets waiting on host SRC's TUN fd FD into the link core."""
     assert st.core is not None
-    src = st.fds.index(fd)
     for _ in range(_READ_BATCH):
         try:
             packet = os.read(fd, 65536)
@@ -138,6 +257,15 @@ def _read_packets(st: GroupState, fd: int, now_ms: float) -> None:
                 return
             raise
         st.core.receive(src, packet, now_ms)
+
+
+def _note_stall(group: GroupState, stall: tuple[float, float] | None, now_ms: float) -> None:
+    """Packets read just after a stall (``(stall_ms, until_ms)``) waited in their TUN
+    queue through it: they were late by (about) it."""
+    if stall is not None and now_ms <= stall[1]:
+        stall_us = int(stall[0] * 1000.0)
+        if stall_us > group.late_max_us:
+            group.late_max_us = stall_us
 
 
 def _accept_group(service: socket.socket, realtime: bool) -> _Conn | None:
@@ -176,8 +304,9 @@ def _serve(conn: _Conn) -> bool:
 
 def run_child(control_fd: int | None = None, *, service_fd: int | None = None,
               spin_ms: float = _SPIN_MS, rt_priority: int = 10) -> int:
-    """The emulator's select loop over every group; returns the exit status."""
+    """The emulator's epoll loop over every group; returns the exit status."""
     _set_timer_slack_ns(1)
+    fd_limit()  # as many hosts as the hard fd limit allows
     realtime = _try_realtime(rt_priority)
     conns: dict[int, _Conn] = {}
     if control_fd is not None:
@@ -185,37 +314,62 @@ def run_child(control_fd: int | None = None, *, service_fd: int | None = None,
         ctl.setblocking(False)
         conns[ctl.fileno()] = _Conn(ctl, GroupState(realtime=realtime))
     service = None if service_fd is None else socket.socket(fileno=service_fd)
+    watch = _Watch()
 
     def on_signal(signum: int, frame: Any) -> None:
         raise _Stop
 
+    def drop(fd: int) -> None:
+        conn = conns.pop(fd)
+        watch.update(watch.fds - {fd, *conn.group.fds})  # before the fds close
+        conn.close()
+
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    owner: dict[int, tuple[_Conn, int]] = {}  # TUN fd -> its group, its host index
+    changed = True
+    woke_ms = time.monotonic() * 1000.0
+    stall: tuple[float, float] | None = None  # the last stall: its length, until when
     try:
         while True:
+            if changed:  # a group came, went or was configured, or a host's fd died
+                owner = {fd: (c, i) for c in conns.values()
+                         for i, fd in enumerate(c.group.fds) if fd not in c.group.dead}
+                watch.update({*conns, *owner,
+                              *([service.fileno()] if service is not None else [])})
+                changed = False
             timeouts = [t for c in conns.values()
                         if (t := _release(c.group, spin_ms)) is not None]
-            owner = {fd: c for c in conns.values() for fd in c.group.fds
-                     if fd not in c.group.dead}
-            watch = [*conns, *owner, *([service.fileno()] if service is not None else [])]
-            readable, _, _ = select.select(watch, [], [], min(timeouts, default=None))
+            wait_s = min([*timeouts, WATCH_S])
+            readable = watch.wait(wait_s)
             now = time.monotonic() * 1000.0
+            stall_ms = now - woke_ms - wait_s * 1000.0
+            woke_ms = now
+            if stall_ms > STALL_MIN_MS:
+                stall = (stall_ms, now + STALL_READ_MS)
             for r in readable:
                 if service is not None and r == service.fileno():
                     conn = _accept_group(service, realtime)
                     if conn is None:
                         return 0  # the controller went away
                     conns[conn.sock.fileno()] = conn
+                    changed = True
                 elif r in conns:
+                    changed = True
                     if not _serve(conns[r]):
-                        conns.pop(r).close()
+                        drop(r)
                         if service is None:
                             return 0  # the one group (and its controller) is done
-                elif r in owner and owner[r].sock.fileno() in conns:
-                    _read_packets(owner[r].group, r, now)
+                elif r in owner and owner[r][0].sock.fileno() in conns:
+                    group = owner[r][0].group
+                    _note_stall(group, stall, now)
+                    dead = len(group.dead)
+                    _read_packets(group, r, owner[r][1], now)
+                    changed = changed or len(group.dead) != dead
     except _Stop:
         return 0
     finally:
+        watch.close()
         for conn in conns.values():
             conn.close()
         if service is not None:

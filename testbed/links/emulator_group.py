@@ -41,6 +41,9 @@ from testbed.links.model import DirectionSpec, LinkQueue
 from testbed.links.opportunities import Opportunities
 
 CONTROL_MAX_FRAME_BYTES = 64 * 1024 * 1024
+#: entries of one map or array in a control message: a configure message lists every
+#: host, a counters reply maps every host (the hosts one emulator group may have)
+CONTROL_MAX_ITEMS = 1 << 20
 LATE_BIN_US = 25
 
 
@@ -51,7 +54,8 @@ def encode_message(body: dict[str, Any]) -> bytes:
 
 
 def decode_message(body: bytes) -> dict[str, Any]:
-    message = wire.unpack(body, max_frame_bytes=CONTROL_MAX_FRAME_BYTES)
+    message = wire.unpack(body, max_frame_bytes=CONTROL_MAX_FRAME_BYTES,
+                          max_items=CONTROL_MAX_ITEMS)
     if not isinstance(message, dict):
         raise RemoteProtocolError("emulator control message is not a map")
     return message

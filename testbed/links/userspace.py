@@ -7,7 +7,7 @@ Rules:
   198.18.0.0/15 routed through it, so no traffic can leave for anywhere else
   (``kernel.open_host_tun``: one netlink socket, nothing moved between namespaces).
 - The emulator (``python -m testbed.links.emulator``) inherits every TUN fd and runs
-  the link model (``testbed.links.model``) in a select() loop; its pid is recorded in
+  the link model (``testbed.links.model``) in an epoll loop; its pid is recorded in
   the ledger as soon as it starts. With ``shared_emulator`` the topology's hosts are a
   group of the process's shared emulator instead (``testbed.links.shared_emulator``:
   one real-time loop for every lane), which gets the TUN fds over SCM_RIGHTS. It is a process, not a thread of the controller, so

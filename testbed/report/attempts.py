@@ -110,6 +110,30 @@ def _merge_repeats(group: pd.DataFrame) -> pd.Series:
     return row
 
 
+def disturbed_summary(attempts: pd.DataFrame, excluded: tuple[int, int] | None) -> str:
+    """One line for the top of a report: how many episodes were disturbed, what it means."""
+    if "disturbed" not in attempts or "node_runq_wait_ms" not in attempts \
+            or attempts["node_runq_wait_ms"].isna().all():
+        return ("Disturbance: not measured in this run (recorded before it was), so nothing "
+                "says whether the host moved a stall.")
+    measured = attempts[attempts["node_runq_wait_ms"].notna()]
+    episodes = measured["episode"].nunique()
+    flagged = measured[measured["disturbed"]]["episode"].nunique()
+    if flagged == 0:
+        return (f"Disturbance: none of {episodes} measured episodes was disturbed: the host "
+                f"could not have moved any stall by more than {RESOLUTION:.0%}.")
+    if excluded is not None:
+        use = (f"--exclude-disturbed left {excluded[0]} disturbed attempts out of every "
+               "table and figure")
+    else:
+        use = ("they are in every table and figure (testbed report --exclude-disturbed "
+               "leaves them out)")
+    return (f"Disturbance: {flagged} of {episodes} measured episodes were disturbed: the "
+            f"host's contention could have moved their stall by more than {RESOLUTION:.0%} "
+            "(the run's resolution), so a comparison that rests on them is less sure than "
+            f"its interval says; {use}. Details at the end.")
+
+
 def disturbed_lines(attempts: pd.DataFrame, excluded: tuple[int, int] | None) -> list[str]:
     """The report's lines on disturbance: disturbed attempts per cell (rule 3's counts)."""
     if "disturbed" not in attempts or "node_runq_wait_ms" not in attempts \

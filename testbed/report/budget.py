@@ -117,7 +117,8 @@ def _table(run: Run, frame: pd.DataFrame, network: str,
             s = p.summary
             rows.append([
                 Cell(slicing.number(rho) if i == 0 else ""),
-                Cell(naming.display_name(p.policy) if not p.ranking else "PlanFence budget"),
+                Cell(naming.display_name(p.policy) if not p.ranking else "PlanFence budget"
+                     + (f" {naming.UNSAFE_MARK}" if naming.is_marked_unsafe(p.policy) else "")),
                 Cell(p.ranking or "–"), Cell(p.b_text),
                 Cell(f"{s.invalid}/{s.issued}"),
                 Cell(fmt(100 * p.invalid_share) if s.issued else "–"),

@@ -1,4 +1,5 @@
-"""``build_report``: read a run directory, write tables/, figures/, report.md, report.html.
+"""``build_report``: read a run directory, write tables/, figures/, report.md, report.html
+(into the run directory, or another with ``out``).
 
 Only derived files are written; manifest.json and the Parquet results are read, never
 changed.
@@ -10,12 +11,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from testbed.errors import UserError
-from testbed.report.attempts import disturbed_lines
+from testbed.report import naming
+from testbed.report.attempts import disturbed_lines, disturbed_summary
 from testbed.report.budget import budget_figure
 from testbed.report.delay_figure import delay_figure
 from testbed.report.figures import build_figures
 from testbed.report.link_figures import link_figures, link_health_lines, resolve_episode
-from testbed.report.load import load_run
+from testbed.report.load import Run, load_run
 from testbed.report.paper_beside import paper_section
 from testbed.report.render import ReportInputs, render_html, render_markdown
 from testbed.report.stats import DEFAULT_DRAWS
@@ -23,6 +25,7 @@ from testbed.report.tables import build_tables
 from testbed.report.tables_command import COMMAND_KIND, command_figures
 from testbed.report.tables_trials import trial_kind
 from testbed.report.tabular import write_table
+from testbed.report.unsafe import explain_in_tables, unsafe_policies
 
 
 class Printer(Protocol):
@@ -39,6 +42,7 @@ def build_report(
     console: Printer | None = None,
     episode: str | None = None,
     exclude_disturbed: bool = False,
+    out: Path | None = None,
 ) -> dict[str, Any]:
     """Write the report of the campaign in ``run_dir``; returns what was written.
 
@@ -48,10 +52,13 @@ def build_report(
     paper-beside table under tables/, None when no cell compares). ``episode``: the
     episode whose link plots to draw (default: the first with a link log of each network).
     ``exclude_disturbed``: leave disturbed attempts out of every table and figure.
+    ``out``: where to write (default ``run_dir``; the run directory is then only read).
+    Policies with an invalid action are marked unsafe in every table and figure.
     """
     if draws < 1:
         raise UserError(f"--draws: {draws} is not allowed; allowed: an integer >= 1")
     run_dir = Path(run_dir)
+    out_dir = Path(out) if out is not None else run_dir
 
     def say(message: str) -> None:
         if console is not None:
@@ -63,41 +70,35 @@ def build_report(
     say(f"report: {run.campaign}: {len(run.episodes)} episodes, {len(run.actions)} actions")
     host_lines = ([] if run.attempts is None
                   else disturbed_lines(run.attempts, run.excluded))
+    disturbance = ("" if run.attempts is None
+                   else disturbed_summary(run.attempts, run.excluded))
     if run.excluded is not None:
         say(f"report: --exclude-disturbed left out {run.excluded[0]} attempts "
             f"({run.excluded[1]} episodes with no undisturbed attempt)")
-    tables = build_tables(run, draws=draws, seed=seed)
-    table_files: list[Path] = []
-    for table in tables:
-        table_files += write_table(table, run_dir / "tables")
-    say(f"report: {len(tables)} tables -> {run_dir / 'tables'}")
-    paper, paper_line = paper_section(run)
-    if paper is not None:
-        table_files += write_table(paper, run_dir / "tables")
-    say(f"report: the paper beside this run: {len(paper.rows)} cells" if paper is not None
-        else f"report: {paper_line}")
-    kind = trial_kind(run)
-    if kind in ("episodes", COMMAND_KIND):
-        if kind == "episodes":
-            written, notes = build_figures(run, run_dir / "figures")
-            written += budget_figure(run, run_dir / "figures")
-        else:
-            written, notes = command_figures(run, run_dir / "figures")
-        link_paths, link_notes = link_figures(run, run_dir / "figures", episode=episode)
-        delay_paths, delay_notes = delay_figure(run, run_dir / "figures")
-        written = written + link_paths + delay_paths
-        notes = notes + link_notes + delay_notes
-    else:  # single-action trials: their table is the result
-        written, notes = [], [f"{trial_kind(run)} trials: no figures (the table is the result)"]
+    unsafe = unsafe_policies(run)
+    with naming.marking_unsafe(unsafe):
+        tables = build_tables(run, draws=draws, seed=seed)
+        paper, paper_line = paper_section(run)
+        explain_in_tables([*tables, *([paper] if paper is not None else [])], unsafe)
+        table_files: list[Path] = []
+        for table in tables:
+            table_files += write_table(table, out_dir / "tables")
+        say(f"report: {len(tables)} tables -> {out_dir / 'tables'}")
+        if paper is not None:
+            table_files += write_table(paper, out_dir / "tables")
+        say(f"report: the paper beside this run: {len(paper.rows)} cells"
+            if paper is not None else f"report: {paper_line}")
+        written, notes = _figures(run, out_dir / "figures", episode)
     figure_paths = [p for p in written if p.suffix in (".png", ".svg")]
     figure_data = [p for p in written if p not in figure_paths]
-    say(f"report: {len(figure_paths)} figure files -> {run_dir / 'figures'}")
+    say(f"report: {len(figure_paths)} figure files -> {out_dir / 'figures'}")
     pngs = [p for p in figure_paths if p.suffix == ".png"]
     inputs = ReportInputs(run, tables, pngs, notes, draws, seed,
-                          link_health_lines(run) + host_lines, paper, paper_line)
-    report_md = run_dir / "report.md"
-    report_html = run_dir / "report.html"
-    report_md.write_text(render_markdown(inputs, run_dir))
+                          link_health_lines(run) + host_lines, paper, paper_line,
+                          unsafe=unsafe, disturbance=disturbance)
+    report_md = out_dir / "report.md"
+    report_html = out_dir / "report.html"
+    report_md.write_text(render_markdown(inputs, out_dir))
     report_html.write_text(render_html(inputs))
     for note in notes:
         say(f"report: note: {note}")
@@ -113,3 +114,18 @@ def build_report(
         "notes": notes,
         "paper": paper.name if paper is not None else None,
     }
+
+
+def _figures(run: Run, directory: Path, episode: str | None) -> tuple[list[Path], list[str]]:
+    """Every figure the run's kind draws; (paths, notes on what was skipped)."""
+    kind = trial_kind(run)
+    if kind not in ("episodes", COMMAND_KIND):  # single-action trials: the table is it
+        return [], [f"{kind} trials: no figures (the table is the result)"]
+    if kind == "episodes":
+        written, notes = build_figures(run, directory)
+        written += budget_figure(run, directory)
+    else:
+        written, notes = command_figures(run, directory)
+    link_paths, link_notes = link_figures(run, directory, episode=episode)
+    delay_paths, delay_notes = delay_figure(run, directory)
+    return written + link_paths + delay_paths, notes + link_notes + delay_notes

@@ -22,6 +22,7 @@ from matplotlib.patches import Patch
 from testbed.report import naming, slicing
 from testbed.report.load import Run
 from testbed.report.stats import TIE_FRACTION, practical_tie, summarise
+from testbed.report.unsafe import explain_in_figure
 from testbed.results.schema import STRATUM_COLUMNS as CELL_COLUMNS
 
 COLORS = {
@@ -38,11 +39,14 @@ COLORS = {
     "adaptive": "#000000",
 }
 TIE_GREY = "#bdbdbd"
+UNSAFE_EDGE = "#b00020"  # the edge of an unsafe metadata-sync marker in figure D.1
 SHORT = {"metadata_sync": "MS", "centralized_lineage": "CL", "planfence": "PF"}
 
 
 def save(figure: Figure, directory: Path, stem: str) -> list[Path]:
-    """Write ``stem``.png and ``stem``.svg (no timestamps, so reruns are byte-stable)."""
+    """Write ``stem``.png and ``stem``.svg (no timestamps, so reruns are byte-stable); a
+    figure that labels an unsafe policy gets the line that explains the mark."""
+    explain_in_figure(figure)
     directory.mkdir(parents=True, exist_ok=True)
     png, svg = directory / f"{stem}.png", directory / f"{stem}.svg"
     figure.savefig(png, dpi=150, metadata={"Software": None})
@@ -186,6 +190,7 @@ def validity_figure(run: Run, directory: Path) -> list[Path]:
         if len(ks) < 2:
             continue
         rhos = slicing.sorted_values(frame, "rho")
+        unsafe_k = False
         figure = Figure(figsize=(3.0 * len(rhos) + 2.5, 3.4), layout="constrained")
         axes = figure.subplots(1, len(rhos), squeeze=False, sharey=True)[0]
         for ax, rho in zip(axes, rhos, strict=True):
@@ -197,7 +202,10 @@ def validity_figure(run: Run, directory: Path) -> list[Path]:
                 y = s.valid / s.scheduled
                 k = naming.sync_interval(policy)
                 if k is not None:
-                    ax.scatter([s.stall_ms], [y], s=170, color=COLORS["metadata_sync"], alpha=0.7)
+                    unsafe = naming.is_marked_unsafe(policy)
+                    unsafe_k = unsafe_k or unsafe
+                    ax.scatter([s.stall_ms], [y], s=170, color=COLORS["metadata_sync"], alpha=0.7,
+                               edgecolors=UNSAFE_EDGE if unsafe else "none", linewidths=1.5)
                     ax.annotate(str(k), (s.stall_ms, y), ha="center", va="center", fontsize=7,
                                 color="white")
                 else:
@@ -215,6 +223,9 @@ def validity_figure(run: Run, directory: Path) -> list[Path]:
                 by_label.setdefault(label, handle)
         handles = list(by_label.values())
         handles.append(Patch(color=COLORS["metadata_sync"], label="Metadata sync (number = K)"))
+        if unsafe_k:
+            handles.append(Patch(facecolor=COLORS["metadata_sync"], edgecolor=UNSAFE_EDGE,
+                                 label=f"red edge: {naming.UNSAFE_MARK}"))
         figure.legend(handles=handles, fontsize=7, loc="outside right center")
         figure.suptitle(f"Validity against stall on {net}")
         paths += save(figure, directory, f"figd1_validity_{net}")
@@ -239,8 +250,10 @@ def rho_figure(run: Run, directory: Path) -> list[Path]:
             if len(rhos) < 2:
                 continue
             stalls = [_median_stall(rows[rows["rho"] == r]) for r in rhos]
-            ax.plot([float(str(r)) for r in rhos], stalls, "-o", label=naming.display_name(policy),
-                    color=COLORS.get(policy))
+            unsafe = naming.is_marked_unsafe(policy)  # dashed and pale: never the best line
+            ax.plot([float(str(r)) for r in rhos], stalls, "--x" if unsafe else "-o",
+                    label=naming.display_name(policy), color=COLORS.get(policy),
+                    alpha=0.55 if unsafe else 1.0)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("rho (updates per protected action)")
         ax.set_ylabel("median stall (ms/action)")

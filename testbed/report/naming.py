@@ -7,11 +7,18 @@ observation currency ("unsafe freshness"), metadata sync with a barrier interval
 ("delayed sync"), and every other policy ("derivation-current"). A name the registry
 does not know (a run made with a plugin policy) is kept as is and treated as
 derivation-current, so it never breaks a report.
+
+Unsafe policies (any invalid action in the run being reported) carry :data:`UNSAFE_MARK`
+after their name wherever a table or figure names them: ``build_report`` sets the run's
+unsafe policies with :func:`marking_unsafe` (testbed/report/unsafe.py finds them), so no
+builder has to remember to mark them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 from protocols.policies import Policy, describe_policy
 
@@ -72,11 +79,31 @@ def sync_interval(policy: str) -> int | None:
     return None
 
 
+#: After an unsafe policy's name; every table and figure that shows one explains it.
+UNSAFE_MARK = "⚠"
+_UNSAFE: ContextVar[frozenset[str]] = ContextVar("unsafe_policies", default=frozenset())
+
+
+@contextmanager
+def marking_unsafe(policies: Iterable[str]) -> Iterator[None]:
+    """Within the block, :func:`display_name` marks these policies as unsafe."""
+    token = _UNSAFE.set(frozenset(policies))
+    try:
+        yield
+    finally:
+        _UNSAFE.reset(token)
+
+
+def is_marked_unsafe(policy: str) -> bool:
+    return policy in _UNSAFE.get()
+
+
 def display_name(policy: str) -> str:
     try:
-        return describe_policy(policy).title
+        title = describe_policy(policy).title
     except ValueError:  # not registered in this process
-        return policy
+        title = policy
+    return f"{title} {UNSAFE_MARK}" if policy in _UNSAFE.get() else title
 
 
 def category(policy: str) -> str:

@@ -5,7 +5,9 @@ the budgeted-validation frontier, built from a campaign's results.
 Every builder returns the tables the campaign can fill (possibly none): a layout is
 written only when the campaign holds the cells it compares. A campaign of single-action
 trials gets its study's table only, a command workload its own
-(``testbed.report.tables_command``). See docs/reports.md for how to read each one.
+(``testbed.report.tables_command``); every kind gets the history checker's table when its
+episodes were judged (``testbed.report.tables_history``). See docs/reports.md for how to
+read each one.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from testbed.report.table_common import Options
 from testbed.report.tables_command import COMMAND_KIND, command_tables
 from testbed.report.tables_costs import artifact_tables, batch_tables, cost_tables
 from testbed.report.tables_decomposition import decomposition_tables
+from testbed.report.tables_history import history_tables
 from testbed.report.tables_live import live_tables
 from testbed.report.tables_policy import policy_tables, sync_tables
 from testbed.report.tables_study import (
@@ -48,15 +51,18 @@ BUILDERS: Sequence[Callable[[Run, Options], list[Table]]] = (
     cost_tables,
     decomposition_tables,
     budget_tables,
+    history_tables,
 )
 TRIAL_BUILDERS: Sequence[Callable[[Run, Options], list[Table]]] = (
     replanning_tables,
     handoff_tables,
     live_tables,
+    history_tables,
 )
 
 
-COMMAND_BUILDERS: Sequence[Callable[[Run, Options], list[Table]]] = (command_tables,)
+COMMAND_BUILDERS: Sequence[Callable[[Run, Options], list[Table]]] = (command_tables,
+                                                                     history_tables)
 
 
 def build_tables(run: Run, *, draws: int, seed: int) -> list[Table]:

@@ -79,6 +79,7 @@ _TEX_SPECIAL = {
     "\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#",
     "_": r"\_", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\^{}",
     "–": "--", "×": r"$\times$", "‡": r"$\ddagger$", "ρ": r"$\rho$", "−": "$-$",
+    "⚠": r"$^\dagger$",  # naming.UNSAFE_MARK
 }
 
 

@@ -49,7 +49,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from testbed.errors import UserError
-from testbed.results.atomic import TMP_MARK, write_json_atomic, write_table_atomic
+from testbed.results.atomic import TMP_MARK, space_for, write_json_atomic, write_table_atomic
 from testbed.results.schema import ACTION_SCHEMA, EPISODE_SCHEMA, ResultRowError, rows_table
 
 ATTEMPT_MARK = "@"
@@ -108,6 +108,10 @@ class RunDir:
     def open(self) -> None:
         """Lock the directory, create the layout, delete leftover temporaries, open and
         reconcile the ledger."""
+        with space_for(self.path):
+            self._open()
+
+    def _open(self) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
         self._lock()
         self.actions_dir.mkdir(parents=True, exist_ok=True)
@@ -115,7 +119,7 @@ class RunDir:
         for folder in (self.path, self.actions_dir, self.episodes_dir):
             for leftover in folder.glob(f".*{TMP_MARK}*"):
                 leftover.unlink()
-        db = sqlite3.connect(self.path / "state.sqlite", isolation_level=None)
+        db = sqlite3.connect(self.db_path, isolation_level=None)
         db.execute("PRAGMA synchronous=FULL")
         db.execute("CREATE TABLE IF NOT EXISTS episodes (key TEXT PRIMARY KEY, "
                    "status TEXT NOT NULL CHECK (status IN ('started', 'complete')), "
@@ -207,12 +211,17 @@ class RunDir:
         stem = key.replace("/", "~")
         return (stem if attempt <= 1 else f"{stem}{ATTEMPT_MARK}{attempt}") + ".parquet"
 
+    @property
+    def db_path(self) -> Path:
+        return self.path / "state.sqlite"
+
     def mark_started(self, key: str) -> None:
-        self.db.execute(
-            "INSERT INTO episodes (key, status, attempts, started_at) VALUES (?, 'started', 1, ?) "
-            "ON CONFLICT(key) DO UPDATE SET status='started', attempts=attempts+1, "
-            "started_at=excluded.started_at, completed_at=NULL",
-            (key, _now_iso()))
+        with space_for(self.db_path):
+            self.db.execute(
+                "INSERT INTO episodes (key, status, attempts, started_at) VALUES "
+                "(?, 'started', 1, ?) ON CONFLICT(key) DO UPDATE SET status='started', "
+                "attempts=attempts+1, started_at=excluded.started_at, completed_at=NULL",
+                (key, _now_iso()))
 
     def record_episode(self, key: str, actions: Sequence[Mapping[str, Any]],
                        episode: Mapping[str, Any]) -> None:
@@ -229,9 +238,11 @@ class RunDir:
             raise ResultRowError(f"episode {key}: attempt {attempt} is already committed")
         write_table_atomic(action_table, self.actions_dir / name)
         write_table_atomic(episode_table, self.episodes_dir / name)  # the commit point
-        self.db.execute("UPDATE episodes SET status='complete', completed_at=?, aborted=? "
-                        "WHERE key=?", (_now_iso(), int(bool(episode.get("aborted"))), key))
-        self._note_attempt(key, _attempt_record(episode))
+        with space_for(self.db_path):  # the ledger follows the shards on the next open
+            self.db.execute("UPDATE episodes SET status='complete', completed_at=?, "
+                            "aborted=? WHERE key=?",
+                            (_now_iso(), int(bool(episode.get("aborted"))), key))
+            self._note_attempt(key, _attempt_record(episode))
 
     def completed(self) -> set[str]:
         """Keys of committed episodes (their episode shard exists under its final name)."""

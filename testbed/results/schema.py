@@ -96,18 +96,32 @@ COMMAND_EPISODE_FIELDS: tuple[str, ...] = ("link_host_bytes", "programs", "metri
 #: Bytes of the role calls (HTTP to the model server, both directions): a traffic column
 #: of its own, never part of the data-plane columns (live workflows only).
 MODEL_EPISODE_FIELDS: tuple[str, ...] = ("model_bytes",)
+#: The history checker's verdicts per episode (testbed/results/history.py): stale
+#: actions (in the validation window included), those in the window, those whose
+#: executor already held the newer version, and the lateness of the stale ones.
+HISTORY_EPISODE_FIELDS: tuple[str, ...] = (
+    "stale_actions", "stale_in_window_actions", "fresh_memory_stale_plan",
+    "stale_late_p50_ms", "stale_late_max_ms")
+#: The calibration a simulated episode charged its nodes' service times from (its id,
+#: ``testbed.sim.calibration``; null for episodes on real nodes).
+SIM_EPISODE_FIELDS: tuple[str, ...] = ("sim_calibration",)
 RUNNER_EPISODE_FIELDS: tuple[str, ...] = (
     "stall_ms_per_action", "stall_action_ms", "stall_barrier_ms", "stall_commit_ms",
     "kib_per_action", "connections", "link_bytes", "wall_s", "replay_s",
-    "congestion_control", *COST_EPISODE_FIELDS, "rpc_timeouts", *LINK_EPISODE_FIELDS,
-    *DISTURBANCE_FIELDS,
+    "congestion_control", *COST_EPISODE_FIELDS, "rpc_timeouts", "equivocations",
+    *LINK_EPISODE_FIELDS, *DISTURBANCE_FIELDS,
     *MODEL_EPISODE_FIELDS,
     *COMMAND_EPISODE_FIELDS,
+    *HISTORY_EPISODE_FIELDS,
+    *SIM_EPISODE_FIELDS,
 )
 RUNNER_EPISODE_OPTIONAL: tuple[str, ...] = ("wall_s", "replay_s", "congestion_control",
+                                            "equivocations",
                                             *COST_EPISODE_FIELDS, *LINK_EPISODE_FIELDS,
                                             *DISTURBANCE_FIELDS, *MODEL_EPISODE_FIELDS,
-                                            *COMMAND_EPISODE_FIELDS)
+                                            *COMMAND_EPISODE_FIELDS,
+                                            *HISTORY_EPISODE_FIELDS,
+                                            *SIM_EPISODE_FIELDS)
 
 _CELL_TYPES: dict[str, pa.DataType] = {
     "campaign": pa.string(), "cell": pa.string(), "policy": pa.string(),
@@ -156,6 +170,7 @@ _EPISODE_TYPES: dict[str, pa.DataType] = {
     "barrier_rounds": pa.int64(), "barrier_handshake_rounds": pa.int64(),
     "commit_rounds": pa.int64(), "commit_handshake_rounds": pa.int64(),
     "worker": pa.string(), "session": pa.int64(), "rpc_timeouts": pa.int64(),
+    "equivocations": pa.int64(),
     "link_up_qdelay_p50_ms": pa.float64(), "link_up_qdelay_p95_ms": pa.float64(),
     "link_down_qdelay_p50_ms": pa.float64(), "link_down_qdelay_p95_ms": pa.float64(),
     "link_up_utilisation": pa.float64(), "link_down_utilisation": pa.float64(),
@@ -167,6 +182,9 @@ _EPISODE_TYPES: dict[str, pa.DataType] = {
     "host_busy_pct": pa.float64(), "host_steal_pct": pa.float64(),
     "host_load_1m": pa.float64(), "disturbed": pa.bool_(), "disturbed_reason": pa.string(),
     "link_host_bytes": pa.string(), "programs": pa.string(), "metrics": pa.string(),
+    "stale_actions": pa.int64(), "stale_in_window_actions": pa.int64(),
+    "fresh_memory_stale_plan": pa.int64(), "stale_late_p50_ms": pa.float64(),
+    "stale_late_max_ms": pa.float64(), "sim_calibration": pa.string(),
 }
 ACTION_SCHEMA = pa.schema([*(pa.field(c, _CELL_TYPES[c]) for c in _CELL_TYPES),
                            *(pa.field(c, t) for c, t in _ACTION_TYPES.items())])

@@ -60,32 +60,84 @@ def _manifest_cell_order(out_dir: Path) -> list[str]:
         return []
 
 
+#: Column (full header, short header): the short one on a narrow terminal, explained in
+#: the legend under the table.
+_HEADERS = {
+    "policy": ("policy", "policy"), "network": ("network", "net"), "rho": ("rho", "rho"),
+    "keys": ("keys", "keys"), "agents": ("agents", "N"), "deps": ("deps", "d"),
+    "connection": ("conn", "conn"), "setting": ("setting", "setting"),
+    "episodes": ("episodes", "ep"), "invalid": ("invalid/issued", "inv/iss"),
+    "failed": ("failed/actions", "fail/act"), "stall_ms": ("stall ms/action", "stall"),
+    "kib": ("KiB/action", "KiB"),
+}
+_MEANINGS = {
+    "net": "network", "N": "agents", "d": "deps (inputs per action)", "ep": "episodes",
+    "inv/iss": "invalid/issued actions", "fail/act": "failed/actions (the program's)",
+    "stall": "median stall ms/action", "KiB": "median KiB/action",
+}
+#: Below this many columns the short headers are used.
+_WIDE = 120
+_SETTINGS = ("network", "rho", "keys", "agents", "deps", "connection", "setting")
+
+
 def print_summary(out_dir: Path, console: Console) -> None:
-    """One screen: median stall (ms/action) and traffic (KiB/action) per cell."""
+    """One screen: median stall (ms/action) and traffic (KiB/action) per cell.
+
+    To fit a terminal: settings every shown cell shares go on one line above the table,
+    names wrap rather than being cut, and on a narrow terminal (< 120 columns) headers
+    are abbreviated and explained in a legend line below.
+    """
     frame = summary_frame(out_dir)
+    shown = frame.head(_SUMMARY_ROWS)
+    command = bool(frame["command"].any())
+    values: dict[str, list[str]] = {
+        "policy": [str(v) for v in shown["policy"]],
+        "network": [str(v) for v in shown["network"]],
+        "rho": [fmt_number(float(v)) for v in shown["rho"]],
+        "keys": [str(v) for v in shown["keys"]],
+        "agents": [str(v) for v in shown["agents"]],
+        "deps": [str(v) for v in shown["deps"]],
+        "connection": [str(v) for v in shown["connection"]],
+        "setting": [str(v) for v in shown["setting"]],
+        "episodes": [_episodes(row) for row in shown.to_dict("records")],
+        "failed" if command else "invalid": [f"{int(i)}/{int(n)}" for i, n in
+                                             zip(shown["invalid"], shown["issued"],
+                                                 strict=True)],
+        "stall_ms": [_num(v) for v in shown["stall_ms"]],
+        "kib": [_num(v) for v in shown["kib"]],
+    }
+    if not any(values["setting"]):
+        del values["setting"]
+    shared = [c for c in _SETTINGS if c in values and len(shown) > 1
+              and len(set(values[c])) == 1]
+    short = console.width < _WIDE
     table = Table(title=f"{out_dir.name}: medians over templates and attempts (aborted ones "
                         "excluded; `testbed report` reads each episode's verdict attempts)")
-    studies = bool(frame["setting"].astype(bool).any())
-    for column in ("policy", "network", "rho", "keys", "agents", "deps", "conn",
-                   *(("setting",) if studies else ()), "episodes",
-                   "failed/actions" if bool(frame["command"].any()) else "invalid/issued",
-                   "stall ms/action", "KiB/action"):
-        table.add_column(column, justify="left" if column in ("policy", "network") else "right")
-    for row in frame.head(_SUMMARY_ROWS).to_dict("records"):
-        notes = [f"{row['attempts']} attempts"] if row["attempts"] != row["episodes"] else []
-        notes += [f"{row['aborted']} aborted"] if row["aborted"] else []
-        notes += [f"{row['disturbed']} disturbed"] if row["disturbed"] else []
-        episodes = f"{row['episodes']}" + (f" ({', '.join(notes)})" if notes else "")
-        table.add_row(str(row["policy"]), str(row["network"]), fmt_number(float(row["rho"])),
-                      str(row["keys"]), str(row["agents"]), str(row["deps"]),
-                      str(row["connection"]), *((str(row["setting"]),) if studies else ()),
-                      episodes,
-                      f"{int(row['invalid'])}/{int(row['issued'])}", _num(row["stall_ms"]),
-                      _num(row["kib"]))
+    columns = [c for c in values if c not in shared]
+    for column in columns:
+        text = column in ("policy", "network", "setting", "episodes")
+        table.add_column(_HEADERS[column][short], justify="left" if text else "right",
+                         overflow="fold")  # wrap, never cut a name
+    for i in range(len(shown)):
+        table.add_row(*(values[c][i] for c in columns))
+    if shared:
+        console.print("every cell: " + ", ".join(f"{_HEADERS[c][0]} {values[c][0]}"
+                                                 for c in shared), soft_wrap=False)
     console.print(table)
+    used = [_HEADERS[c][1] for c in columns] if short else []
+    legend = [f"{h}: {_MEANINGS[h]}" for h in used if h in _MEANINGS]
+    if legend:
+        console.print("; ".join(legend), highlight=False)
     if len(frame) > _SUMMARY_ROWS:
         console.print(f"... {len(frame) - _SUMMARY_ROWS} more cells in "
                       f"{out_dir / 'episodes.parquet'} (see `testbed report`)")
+
+
+def _episodes(row: dict[Any, Any]) -> str:
+    notes = [f"{row['attempts']} attempts"] if row["attempts"] != row["episodes"] else []
+    notes += [f"{row['aborted']} aborted"] if row["aborted"] else []
+    notes += [f"{row['disturbed']} disturbed"] if row["disturbed"] else []
+    return f"{row['episodes']}" + (f" ({', '.join(notes)})" if notes else "")
 
 
 def _setting(row: pd.Series) -> str:

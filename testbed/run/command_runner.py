@@ -20,16 +20,21 @@ The campaign loop's ``Runner`` for ``kind = "command"`` campaigns
    ``TESTBED_EPISODE``, ``TESTBED_SEED`` (the same for every policy and network of a
    template, so paired episodes draw alike), ``TESTBED_POLICY``, ``TESTBED_NETWORK``,
    ``TESTBED_TEMPLATE``, ``TESTBED_UNIT_MS``, ``TESTBED_KEYS`` and ``TESTBED_OWNED_KEYS``
-   (the schedule's keyspace, and the keys this host owns).
+   (the schedule's keyspace, and the keys this host owns), and ``TESTBED_HISTORY``: where
+   the program may write its history (docs/history.md), ``<label>.history.jsonl`` beside
+   its metrics.
 4. The episode is aborted (nothing imputed) when a run is not ready in time, when the
    timeout stops a run that is not a service, when a run or a service exits with a
    failure on its own, or when a metrics file breaks the protocol
    (``testbed.run.metrics``); the reason names the program and quotes the end of its
-   stderr.
+   stderr. Likewise when a history the programs wrote breaks its format or cannot be
+   judged (a header naming another host, a version nobody wrote: one line naming it).
 5. The result: one action row per reported action (``testbed.run.metrics``), and the
    episode's link columns measured from the trace restart to the end (as
    ``testbed.run.episode`` rule 7), bytes per host and direction, how each program
-   ended, and the programs' ``episode`` metrics.
+   ended, and the programs' ``episode`` metrics. When programs wrote histories, the
+   checker's columns (``HISTORY_EPISODE_FIELDS``) judge the actions from them, and the
+   files go to the run directory's ``history/<episode>/`` (named by program label).
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from typing import Any
 
 import trio
 
+from protocols.history import HistoryError
 from testbed.campaign.command import CommandWorkload, command_to_data, fill_episode
 from testbed.campaign.model import Campaign, Cell, GroupKey, episode_key, fmt_number
 from testbed.campaign.schedule_file import schedule_document
@@ -57,6 +63,7 @@ from testbed.net.session import (
     open_host_network,
     run_commands,
 )
+from testbed.results.history import history_columns, read_program_histories
 from testbed.run.contract import EpisodeAborted, EpisodeResult
 from testbed.run.episode import link_columns
 from testbed.run.metrics import MetricsError, read_metrics
@@ -156,6 +163,8 @@ class CommandGroup:
         run_env = dict(zip(names, (env for _, env in pairs), strict=True))
         files = {label: (spec.host, edir / f"{label}.metrics.jsonl")
                  for label, spec in zip(names, specs, strict=True)}
+        histories = {label: (spec.host, edir / f"{label}.history.jsonl")
+                     for label, spec in zip(names, specs, strict=True)}
         common = {"TESTBED_SCHEDULE": str(schedule_path), "TESTBED_EPISODE": key,
                   "TESTBED_SEED": str(seed), "TESTBED_POLICY": cell.policy,
                   "TESTBED_NETWORK": cell.network, "TESTBED_TEMPLATE": schedule.template,
@@ -169,7 +178,8 @@ class CommandGroup:
             own = {name: substitute((value,), spec.host, addresses)[0]  # {host}, {addr}..
                    for name, value in run_env[label].items()}
             return {**own, **common, "TESTBED_METRICS": str(files[label][1]),
-                    "TESTBED_OWNED_KEYS": " ".join(owned)}
+                    "TESTBED_OWNED_KEYS": " ".join(owned),
+                    "TESTBED_HISTORY": str(histories[label][1])}
 
         before: dict[str, dict[str, dict[str, int]]] = {}
         log_dir = (self.link_log_dir / key.replace("/", "~")
@@ -203,11 +213,18 @@ class CommandGroup:
                 lambda: read_metrics(files, t0_ns=t0_ns))
         except MetricsError as exc:
             raise EpisodeAborted(str(exc)) from None
+        try:
+            texts, judged = await trio.to_thread.run_sync(
+                lambda: read_program_histories(histories, relative_to=self.commands_dir))
+        except HistoryError as exc:
+            raise EpisodeAborted(f"history: {exc}") from None
         episode = self._episode(result, actions, metrics, before.get("counters", {}), after,
                                 stats, time.monotonic() - started)
+        if judged is not None:
+            episode.update(history_columns(judged))
         if log_dir is not None:
             episode["link_log"] = f"links/{log_dir.name}"
-        return EpisodeResult(actions=actions, episode=episode)
+        return EpisodeResult(actions=actions, episode=episode, history=texts)
 
     def _episode(self, result: SessionResult, actions: Sequence[Mapping[str, Any]],
                  metrics: Mapping[str, Any], before: Mapping[str, Mapping[str, int]],

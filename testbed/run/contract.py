@@ -42,12 +42,16 @@ class EpisodeResult:
     ``RUNNER_EPISODE_FIELDS`` (``wall_s`` and ``congestion_control`` may be
     left out). The campaign adds the cell, schedule and identity columns. ``decisions``:
     the role calls of a live workflow (``nodes.role_calls``), which the loop writes to
-    the run directory's ``decisions/`` before it commits the episode.
+    the run directory's ``decisions/`` before it commits the episode. ``history``: the
+    episode's history files (docs/history.md), name (a host, or a program's label) ->
+    text, which the loop writes to the run directory's ``history/`` before it commits
+    the episode.
     """
 
     actions: list[dict[str, Any]]
     episode: dict[str, Any]
     decisions: list[dict[str, Any]] = field(default_factory=list)
+    history: dict[str, str] = field(default_factory=dict)
 
 
 class Group(Protocol):

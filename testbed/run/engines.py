@@ -67,6 +67,9 @@ class LocalEngine:
         out: dict[str, Any] = {"engine": "local", "jobs": self.jobs}
         if self.host is not None:
             out["host_lanes"] = self.host.budget
+        stores = getattr(self.runner, "describe_stores", None)
+        if stores is not None:  # where the nodes' stores live (their file system)
+            out["stores"] = stores()
         return out
 
     async def run(self, units: Sequence[WorkUnit], campaign: Campaign, *,

@@ -17,7 +17,10 @@ Rules this module obeys:
    exchange; link counters are recorded beside it.
 4. Invalid is judged from the owners' head logs: a released action is invalid if the
    recorded input of some declared key differs from the owner's head at the instant
-   the action was issued (both on CLOCK_MONOTONIC, which is system wide).
+   the action was issued (both on CLOCK_MONOTONIC, which is system wide). The episode's
+   history (``testbed/run/history.py``) is derived from the same logs and the stores'
+   install logs after the last event; the history checker's columns
+   (``HISTORY_EPISODE_FIELDS``) come from it, and the loop writes it to ``history/``.
 5. A node failure or a timeout aborts the episode (EpisodeAborted); nothing is imputed.
 6. Liveness: while an episode runs, every node's control plane is pinged on a second
    connection; a node that does not answer within ``heartbeat_timeout_s`` (derived
@@ -50,6 +53,7 @@ from typing import Any
 
 import trio
 
+from nodes.store_check import describe_location
 from protocols.errors import ProtocolError
 from protocols.policies import describe_policy
 from testbed.campaign.live import LIVE_KIND
@@ -58,9 +62,11 @@ from testbed.campaign.workload import Act, Plan, Schedule, Update
 from testbed.errors import LinkFailure, RunFailure
 from testbed.host.ledger import Ledger
 from testbed.net.topology import Topology, open_topology
+from testbed.results.history import check_episode, history_columns, history_texts
 from testbed.run.accounting import PhaseTally, action_costs, episode_costs
 from testbed.run.contract import EpisodeAborted, EpisodeResult
 from testbed.run.disturbance import HostSample, episode_disturbance
+from testbed.run.history import node_history
 from testbed.run.live import run_live_task
 from testbed.run.model_access import ModelAccess, needs_central_host, open_model_access
 from testbed.run.node_spawner import one_zygote_for_all
@@ -231,11 +237,18 @@ class TeamGroup:
             if barrier:
                 await self._barrier(unit, tally)
 
-        logs = {}
+        logs, installs = {}, {}
         for agent in team.agents:
             logs[agent] = (await team.call(agent, "head_log"))["log"]
+            installs[agent] = (await team.call(agent, "install_log"))["log"]
         timeline = build_head_log(logs)
+        history = history_texts(node_history(owners=schedule.owners, head_logs=logs,
+                                             install_logs=installs, acts=acts))
         counters = await team.counters()
+        for agent, reply in zip(team.members, await team.each_call("verify_store"),
+                                strict=True):
+            if reply.get("reason"):  # its store was overwritten under it: not a result
+                raise RunFailure(f"store_failed: {agent}: {reply['reason']}")
         links_after = await topo.link_counters()
         link_stats = await topo.link_statistics()
         if log_dir is not None:
@@ -243,7 +256,7 @@ class TeamGroup:
         wall_s = time.monotonic() - started
         self.setup_times.append((setup_s, wall_s))
         result = self._result(schedule, acts, timeline, counters, links_before, links_after,
-                              tally, wall_s, phases)
+                              tally, wall_s, phases, history)
         result.episode["replay_s"] = wall_s - setup_s
         result.episode.update(link_columns(links_before, links_after, link_stats))
         if log_dir is not None:
@@ -273,7 +286,8 @@ class TeamGroup:
                 timeline: HeadLog, counters: Mapping[str, Mapping[str, int]],
                 links_before: Mapping[str, Mapping[str, int]],
                 links_after: Mapping[str, Mapping[str, int]], tally: StallTally,
-                wall_s: float, phases: PhaseTally) -> EpisodeResult:
+                wall_s: float, phases: PhaseTally,
+                history: dict[str, str]) -> EpisodeResult:
         rows: list[dict[str, Any]] = []
         for act, reply in acts:
             released = reply["outcome"] == "released"
@@ -312,8 +326,11 @@ class TeamGroup:
             "congestion_control": str(self.topo.describe().get("congestion_control", "")),
             **episode_costs(counters, phases, rows, attempted),
             "rpc_timeouts": sum(int(c.get("rpc_timeouts", 0)) for c in counters.values()),
+            # messages refused as an owner's equivocation (protocols/heads.py)
+            "equivocations": sum(int(c.get("equivocations", 0)) for c in counters.values()),
+            **history_columns(check_episode(history)),
         }
-        return EpisodeResult(actions=rows, episode=episode)
+        return EpisodeResult(actions=rows, episode=episode, history=history)
 
 
 def link_columns(before: Mapping[str, Mapping[str, int]], after: Mapping[str, Mapping[str, int]],
@@ -359,6 +376,13 @@ class EpisodeRunner:
         #: Node startup limit (None: measured on this host, testbed.run.startup).
         self.startup_timeout_s = startup_timeout_s
         self.groups: list[TeamGroup] = []
+
+    def describe_stores(self) -> dict[str, Any]:
+        """Where this runner's nodes keep their stores (the directory its workdirs are
+        made in), its file system type (tmpfs: an fsync costs nothing) and the
+        campaign's durability setting, for the manifest."""
+        root = Path(self.workdir_root or tempfile.gettempdir())
+        return {**describe_location(root), "durability": self.campaign.options.durability}
 
     @asynccontextmanager
     async def one_zygote(self) -> AsyncIterator[None]:

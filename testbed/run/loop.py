@@ -50,6 +50,10 @@ Rules this module obeys:
    upward). ``--resume``/``--extend`` refuse code whose digest differs from the run's
    last session unless ``allow_code_change`` (``testbed.results.sessions``); the
    manifest then tells which episodes came from which code.
+10. A full results disk (ENOSPC or a quota, writing a shard, the ledger or the manifest)
+   ends the run with one line naming the file (``testbed.results.atomic``
+   ``ResultsDiskFull``, exit 3); what was committed stays, nothing is torn, and
+   ``--resume`` continues once there is space.
 """
 
 from __future__ import annotations
@@ -70,8 +74,10 @@ from testbed.campaign.workload import Schedule
 from testbed.host.lanes import HostLanes
 from testbed.host.userns import privilege
 from testbed.results import verdict
+from testbed.results.atomic import ResultsDiskFull, disk_full_in
 from testbed.results.cpu_speed import python_probe_ms
 from testbed.results.decisions import write_decisions
+from testbed.results.history import write_history
 from testbed.results.provenance import (
     code_provenance,
     host_description,
@@ -214,23 +220,35 @@ async def run_campaign(campaign: Campaign, out_dir: Path | str, *, resume: bool,
 
         units = plan_units(todo, per_template=engine.per_template, plans=plans,
                            unshaped=unshaped_networks(campaign))
-        await engine.run(units, campaign, on_start=on_start, on_outcome=on_outcome,
-                         on_failure=on_failure)
+        try:
+            await engine.run(units, campaign, on_start=on_start, on_outcome=on_outcome,
+                             on_failure=on_failure)
+        except BaseExceptionGroup as group:  # a full results disk: one line (rule 10)
+            full = disk_full_in(group, run_dir.path)
+            if full is None:
+                raise
+            raise full from None
         status = "complete"
     finally:
         progress.stop()
         if fresh and status != "complete" and not run_dir.completed():
             run_dir.discard(remove_folder=made_folder)  # rule 8: a failed start
         else:
-            sessions = run_dir.read_manifest().get("sessions", [])
-            if sessions:
-                sessions[-1] = {**sessions[-1], "ended_at": _now(), "status": status,
-                                "episodes": counts["ran"],  # committed attempts (rule 9)
-                                "execution": engine.describe()}  # with what happened in it
-            run_dir.update_manifest(sessions=sessions, status=status, ended_at=_now())
-            if run_dir.completed():
-                run_dir.consolidate()
-            run_dir.close()
+            try:
+                sessions = run_dir.read_manifest().get("sessions", [])
+                if sessions:
+                    sessions[-1] = {**sessions[-1], "ended_at": _now(), "status": status,
+                                    "episodes": counts["ran"],  # committed attempts (rule 9)
+                                    "execution": engine.describe()}  # what happened in it
+                run_dir.update_manifest(sessions=sessions, status=status, ended_at=_now())
+                if run_dir.completed():
+                    run_dir.consolidate()
+            except ResultsDiskFull:
+                if status == "complete":
+                    raise
+                # else what ended the run is on its way up; the manifest stays as it was
+            finally:
+                run_dir.close()
     if status == "complete":
         print_summary(run_dir.path, console)
     return RunSummary(run_dir.path, len(campaign.episodes()),
@@ -260,6 +278,8 @@ def commit_outcome(campaign: Campaign, run_dir: RunDir, outcome: EpisodeOutcome,
     if outcome.result.decisions:  # before the commit point: a committed episode has them
         write_decisions(run_dir.path, key, outcome.result.decisions,
                         {k: base[k] for k in ("episode", "cell", "policy", "family", "template")})
+    if outcome.result.history:  # likewise: a committed episode has its history
+        write_history(run_dir.path, key, outcome.result.history, outcome.attempt)
     run_dir.record_episode(key, actions, {**episode_row, "worker": outcome.worker,
                                           "repeat": outcome.repeat, "session": session})
     return False

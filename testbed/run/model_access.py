@@ -5,11 +5,13 @@ Rules this module obeys:
 1. Before any episode, :func:`probe_model` asks the endpoint what it serves
    (``GET {base_url}/models``) and which server it is (``/version`` as vLLM and the
    stand-in answer, ``/api/version`` as Ollama does, ``/props`` as llama.cpp's server
-   does). Unreachable is a one-line :class:`ModelUnreachable` (a HostError: this host
-   cannot reach what the campaign names); a model the server does not list, or a
-   refused key, is a one-line UserError naming the field. The probe's record (model,
-   served models, reported version, whether it is the testbed's stand-in) goes to the
-   manifest; the API key never does.
+   does, ``/openapi.json`` as llama-cpp-python's server does). Unreachable is a
+   one-line :class:`ModelUnreachable` (a HostError: this host cannot reach what the
+   campaign names); a model the server does not list, or a refused key, is a one-line
+   UserError naming the field. The probe's record (model, served models, reported
+   version, whether it is the testbed's stand-in, the sampling settings sent, and the
+   model's identity by file digest where the server reports one, as ``testbed
+   model-server --model smollm2`` does) goes to the manifest; the API key never does.
 2. Every group of a live campaign gets a :class:`ModelRelay` with one listener per agent
    where the placement puts the server (``testbed.run.relay`` rule 3), and every agent
    is told the endpoint with its own listener (``configure_model``). The topology has a
@@ -47,6 +49,8 @@ if TYPE_CHECKING:  # imported when a live campaign probes (not by every run)
 
 PROBE_TIMEOUT_S = 10.0
 STAND_IN = "planfence-testbed stand-in"
+LLAMA_CPP_PYTHON = "llama-cpp-python"
+SAMPLING = ("temperature", "top_p", "max_tokens", "seed", "response_format")
 
 
 class ModelUnreachable(HostError):
@@ -100,7 +104,22 @@ async def probe_endpoint(settings: ModelSettings) -> dict[str, Any]:
     return {"base_url": url, "model": settings.model, "served_models": served,
             "server_version": version, "server": server,
             "stand_in": bool(version.get("stand_in")) or STAND_IN in server,
-            "placement": settings.placement, "api_key_env": settings.api_key_env}
+            "placement": settings.placement, "api_key_env": settings.api_key_env,
+            "sampling": {k: getattr(settings, k) for k in SAMPLING},
+            "identity": _identity(version)}
+
+
+def _identity(version: dict[str, Any]) -> dict[str, Any] | None:
+    """The served model by digest, where the server says it (``testbed model-server
+    --model smollm2``'s ``/version``); None where it does not."""
+    gguf = version.get("gguf")
+    if not isinstance(gguf, dict):
+        return None
+    return {"file": gguf.get("file"), "sha256": gguf.get("sha256"),
+            "quantization": gguf.get("quantization"), "server": version.get("server"),
+            "server_version": version.get("version"), "n_threads": version.get("n_threads"),
+            "n_ctx": version.get("n_ctx"), "server_seed": version.get("seed"),
+            "chat_format": version.get("chat_format")}
 
 
 def _served(response: httpx.Response) -> list[str] | None:
@@ -118,7 +137,8 @@ async def _server_version(client: httpx.AsyncClient, root: str) -> dict[str, Any
     import httpx
 
     for path, pick in (("/version", None), ("/api/version", None),
-                       ("/props", ("build_info", "model_path", "total_slots"))):
+                       ("/props", ("build_info", "model_path", "total_slots")),
+                       ("/openapi.json", ("info",))):
         try:
             answer = await client.get(root + path)
         except httpx.TransportError:
@@ -131,6 +151,11 @@ async def _server_version(client: httpx.AsyncClient, root: str) -> dict[str, Any
             continue
         if isinstance(data, dict):
             kept = data if pick is None else {k: data[k] for k in pick if k in data}
+            if path == "/openapi.json":  # llama-cpp-python's server started by hand
+                info = kept.get("info")
+                if not isinstance(info, dict) or "llama" not in str(info.get("title", "")):
+                    continue
+                kept = {"server": LLAMA_CPP_PYTHON, "version": str(info.get("version", ""))}
             return {"endpoint": path, **kept}
     return {}
 

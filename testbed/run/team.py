@@ -55,7 +55,8 @@ SHUTDOWN_GRACE_S = 5.0
 HEARTBEAT_MIN_S = 1.0
 OP_DEADLINE_MARGIN_S = 5.0
 #: Control ops that run no policy code: they get op_deadline_s.
-LOCAL_OPS = frozenset({"ping", "reset", "counters", "head_log", "configure", "sched"})
+LOCAL_OPS = frozenset({"ping", "reset", "counters", "head_log", "install_log", "configure",
+                       "sched"})
 CONNECTIONS: tuple[Connection, ...] = CONNECTION_SETTINGS
 DURABILITIES: tuple[str, ...] = tuple(DURABILITY_MODES)
 
@@ -186,6 +187,10 @@ class Team:
 
     def log_path(self, agent: str) -> Path:
         return self._nodes[agent].log_path
+
+    def store_path(self, agent: str) -> Path:
+        """A member's store file (fault injection and tests)."""
+        return self._nodes[agent].store_path
 
     def control_path(self, agent: str) -> str:
         """A member's control socket, for a connection of the caller's own (a long-poll op

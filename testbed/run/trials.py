@@ -30,6 +30,8 @@ Rules this module obeys:
    the version set an application would carry (``act`` ``versions``); only the
    inherited-version-set stand-in reads it. Issued actions are Complete or Invalid
    (judged at issue time like every episode), others Block.
+5. A trial's history (``testbed/run/history.py``) is derived like an episode's, so its
+   checker columns judge the action at its issue instant like ``invalid``.
 """
 
 from __future__ import annotations
@@ -43,11 +45,13 @@ import trio
 from protocols.errors import ProtocolError
 from testbed.campaign.model import Campaign, Cell
 from testbed.campaign.trials import poisson_times, trial_content, trial_roles
-from testbed.campaign.workload import Schedule
+from testbed.campaign.workload import Act, Schedule
 from testbed.errors import RunFailure
 from testbed.net.topology import Topology
+from testbed.results.history import check_episode, history_columns, history_texts
 from testbed.run.accounting import PhaseTally, action_costs, episode_costs, total_sent
 from testbed.run.contract import EpisodeAborted, EpisodeResult
+from testbed.run.history import node_history
 from testbed.run.prepare import start_episode
 from testbed.run.team import Team
 from testbed.run.verdict import (
@@ -106,7 +110,11 @@ async def run_trial(group: TrialGroup, cell: Cell, schedule: Schedule) -> Episod
             await team.call(executor, "read", keys=[key])
         reply = await team.call(executor, "act", **act_args)
     logs = {agent: (await team.call(agent, "head_log"))["log"] for agent in team.agents}
+    installs = {agent: (await team.call(agent, "install_log"))["log"] for agent in team.agents}
     timeline = build_head_log(logs)
+    history = history_texts(node_history(
+        owners=schedule.owners, head_logs=logs, install_logs=installs,
+        acts=[(Act(0, plan_event.action, executor, (key,)), reply)]))
     row = _judge(campaign.kind, plan_event.action, timeline, key, unrelated, reply)
     if same_session:
         row.update(planner=planner, executor=executor)
@@ -120,8 +128,9 @@ async def run_trial(group: TrialGroup, cell: Cell, schedule: Schedule) -> Episod
         "congestion_control": str(topo.describe().get("congestion_control", "")),
         "rpc_timeouts": sum(int(c.get("rpc_timeouts", 0)) for c in counters.values()),
         **episode_costs(counters, phases, [row], 1),
+        **history_columns(check_episode(history)),
     }
-    return EpisodeResult(actions=[row], episode=episode)
+    return EpisodeResult(actions=[row], episode=episode, history=history)
 
 
 async def _revise(team: Team, owner: str, key: str, content: bytes, phases: PhaseTally) -> None:

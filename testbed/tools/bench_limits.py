@@ -5,7 +5,8 @@ fresh connections; ``artifact`` has the largest records) on one network, ``templ
 templates per cell, with real node processes, and reads the nodes' high-water marks
 after every episode (``counters``: ``peak_connections``, ``peak_peer_connections``,
 ``peak_frame_objects``, ``peak_install_records``, ``peak_install_bytes``,
-``peak_pre_auth_bytes``, ``peak_answer_bytes``, ``peak_peer_answer_bytes``). The table
+``peak_pre_auth_bytes``, ``peak_answer_bytes``, ``peak_peer_answer_bytes``,
+``peak_node_held_bytes``). The table
 compares the largest value seen with the default of ``nodes.limits.Limits``
 (docs/architecture.md, "Limits").
 """
@@ -44,6 +45,7 @@ PEAKS = {  # counter -> (limit it is bounded by, default)
     "peak_answer_bytes": ("answer_bytes_per_connection",
                           Limits().answer_bytes_per_connection),
     "peak_peer_answer_bytes": ("answer_bytes_per_peer", Limits().answer_bytes_per_peer),
+    "peak_node_held_bytes": ("held_bytes_per_node", Limits().held_bytes_per_node),
 }
 
 

@@ -6,7 +6,8 @@ Rules of this module:
    testbed/tools/fault_inject.py) and leave no process, namespace or file behind; every
    abort must give one of the kind's reasons (:data:`EXPECTED`).
 2. Beyond that, per kind: faults that must abort their episode abort every one
-   (:data:`MUST_ABORT`, and ``disk_full``); TCP hides duplicates and reordering, so
+   (:data:`MUST_ABORT`, and ``disk_full``); a frozen emulator flags every episode it
+   let complete (:data:`MUST_DISTURB`, counted as wrongly judged otherwise); TCP hides duplicates and reordering, so
    those complete every episode; a killed controller's campaign ends with every episode
    exactly once; a flood is survived within the node's byte caps: the victim closed the
    attacker's connections, its peak resident growth stays below the cap that bounds
@@ -32,22 +33,27 @@ EXPECTED: dict[str, tuple[str, ...]] = {
     "controller_kill": (), "controller_kill_shaped": (),
     "partition": NETWORK_REASONS, "corrupt": NETWORK_REASONS,
     "duplicate": NETWORK_REASONS, "reorder": NETWORK_REASONS,
-    "unread_flood": NETWORK_REASONS, "preauth_flood": NETWORK_REASONS}
+    "emulator_freeze": NETWORK_REASONS, "store_overwrite": ("NodeDied", "store_failed"),
+    "unread_flood": NETWORK_REASONS, "preauth_flood": NETWORK_REASONS,
+    "many_source_flood": NETWORK_REASONS, "junk_flood": NETWORK_REASONS}
 #: Faults that must abort their episode: a completed one carries the fault's time.
-MUST_ABORT = ("node_kill", "node_stop", "node_freeze")
+MUST_ABORT = ("node_kill", "node_stop", "node_freeze", "store_overwrite")
+#: Faults whose completed episodes must be flagged ``disturbed`` (else wrongly judged).
+MUST_DISTURB = ("emulator_freeze",)
 CONTROLLER_KINDS = ("controller_kill", "controller_kill_shaped")
-FLOOD_KINDS = ("unread_flood", "preauth_flood")
+FLOOD_KINDS = ("unread_flood", "preauth_flood", "many_source_flood", "junk_flood")
 SLACK_MIB = 48.0
 RETURNED_MIB = 64.0
 MIB = 1024 * 1024
 
 
 def flood_cap_mib(kind: str, limits: Limits | None = None) -> float:
-    """The node limit that bounds a flood kind's attack (one connection, one source)."""
+    """The node limit that bounds a flood kind's attack (one connection, one source,
+    or the whole node for floods from many sources or connections)."""
     limits = limits or Limits()
-    cap = limits.answer_bytes_per_connection if kind == "unread_flood" \
-        else limits.pre_auth_bytes_per_source
-    return cap / MIB
+    caps = {"unread_flood": limits.answer_bytes_per_connection,
+            "preauth_flood": limits.pre_auth_bytes_per_source}
+    return caps.get(kind, limits.held_bytes_per_node) / MIB
 
 
 def failures(result: Any) -> list[str]:

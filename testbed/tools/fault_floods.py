@@ -12,7 +12,13 @@ Rules of this module:
    never read: every answer the victim makes waits on the attacker.
 3. ``hello_flood``: ``HELLOS`` connections, each a replayed hello of another member
    followed by all but one byte of a maximal frame, which therefore never completes.
-4. Each flood is measured on the victim: its resident memory before, its peak during
+4. ``many_source_flood``: the same hellos from ``SOURCES`` loopback addresses
+   (127.0.0.2 and up: local to every process on the host, no key needed), so each
+   address stays within its own share and only the node's budget
+   (``held_bytes_per_node``) stops it. ``junk_flood``: as members, ``JUNK_ROUNDS`` rounds
+   of ``JUNK_CONNECTIONS`` proven connections (a ping answered), each then sending a
+   complete maximal frame that fails authentication.
+5. Each flood is measured on the victim: its resident memory before, its peak during
    (``VmHWM``, reset before the flood through ``/proc/PID/clear_refs``), what stays
    resident ``SETTLE_S`` after the flood, and whether the victim closed the attacker's
    connections (rather than the attacker giving up).
@@ -40,6 +46,9 @@ from testbed.run.team import Team
 
 FETCHES = 1500
 HELLOS = 512
+SOURCES = 32
+JUNK_CONNECTIONS = 32
+JUNK_ROUNDS = 4
 FRAME_BYTES = wire.MAX_FRAME_BYTES
 SETTLE_S = 1.5
 SEND_TIMEOUT_S = 5.0
@@ -76,7 +85,7 @@ def _reset_peak(pid: int) -> None:
 
 async def measured(team: Team, victim: str, flood: FloodMeasure,
                    attack: Awaitable[None]) -> None:
-    """Run ``attack`` against ``victim`` and fill in ``flood`` (rule 4)."""
+    """Run ``attack`` against ``victim`` and fill in ``flood`` (rule 5)."""
     pid = team.pid(victim)
     if pid is None:
         return
@@ -93,13 +102,19 @@ def _others(team: Team, victim: str) -> list[str]:
     return [m for m in team.members if m != victim]
 
 
-async def _connect(team: Team, victim: str, *, rcvbuf: int | None = None
-                   ) -> trio.SocketStream:
+async def _connect(team: Team, victim: str, *, rcvbuf: int | None = None,
+                   source: str | None = None) -> trio.SocketStream:
     member = team.roster.members[victim]
     sock = trio.socket.socket()
-    if rcvbuf is not None:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-    await sock.connect((member.host, member.port))
+    try:
+        if rcvbuf is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        if source is not None:
+            await sock.bind((source, 0))
+        await sock.connect((member.host, member.port))
+    except BaseException:
+        sock.close()
+        raise
     return trio.SocketStream(sock)
 
 
@@ -152,16 +167,19 @@ async def unread_flood(team: Team, victim: str, flood: FloodMeasure) -> None:
         await trio.aclose_forcefully(stream)
 
 
-async def hello_flood(team: Team, victim: str, flood: FloodMeasure) -> None:
-    """Rule 3: replayed hellos, each followed by a partial maximal frame."""
+async def hello_flood(team: Team, victim: str, flood: FloodMeasure, *,
+                      sources: int = 1) -> None:
+    """Rule 3 (and 4 with ``sources``): replayed hellos, each followed by a partial
+    maximal frame."""
     hellos = [ChannelInitiator(identity=team.identity(m), roster=team.roster,
                                peer_id=victim).start() for m in _others(team, victim)]
     partial = FRAME_BYTES.to_bytes(wire.PREFIX_BYTES, "big") + b"\x01" * (FRAME_BYTES - 1)
     streams = []
     try:
         for i in range(HELLOS):
+            source = f"127.0.0.{2 + i % sources}" if sources > 1 else None
             try:
-                stream = await _connect(team, victim)
+                stream = await _connect(team, victim, source=source)
             except OSError:
                 continue
             streams.append(stream)
@@ -178,3 +196,46 @@ async def hello_flood(team: Team, victim: str, flood: FloodMeasure) -> None:
     finally:
         for stream in streams:
             await trio.aclose_forcefully(stream)
+
+
+async def many_source_flood(team: Team, victim: str, flood: FloodMeasure) -> None:
+    """Rule 4: the hello flood from ``SOURCES`` loopback addresses."""
+    await hello_flood(team, victim, flood, sources=SOURCES)
+
+
+async def junk_flood(team: Team, victim: str, flood: FloodMeasure) -> None:
+    """Rule 4: members' proven connections each send a complete junk maximal frame."""
+    identities = [team.identity(m) for m in _others(team, victim)]
+    junk = wire.encode_frame(b"\x02" * (FRAME_BYTES - 64))
+    ping = msgpack.packb({"i": 1, "m": "ping", "p": {}}, use_bin_type=True)
+    for _ in range(JUNK_ROUNDS):
+        streams = []
+        try:
+            for i in range(JUNK_CONNECTIONS):
+                stream = await _connect(team, victim)
+                streams.append(stream)
+                flood.connections += 1
+                initiator = ChannelInitiator(identity=identities[i % len(identities)],
+                                             roster=team.roster, peer_id=victim)
+                with trio.fail_after(SEND_TIMEOUT_S):
+                    await stream.send_all(wire.encode_frame(initiator.start()))
+                    decoder = wire.FrameDecoder()
+                    reply = await wire.read_frame(stream, decoder, exact=True)
+                    if reply is None:
+                        continue
+                    session = initiator.finish(reply)
+                    await stream.send_all(wire.encode_frame(session.encrypt(ping)))
+                    await wire.read_frame(stream, decoder)  # proven: the ping answered
+            for stream in streams:
+                with contextlib.suppress(trio.BrokenResourceError,
+                                         trio.ClosedResourceError, trio.TooSlowError), \
+                        trio.fail_after(SEND_TIMEOUT_S):
+                    await stream.send_all(junk)
+            for stream in streams:
+                if await _closed_by_peer(stream, SEND_TIMEOUT_S):
+                    flood.closed_by_victim += 1
+        except (trio.BrokenResourceError, trio.ClosedResourceError, ProtocolError, OSError):
+            pass
+        finally:
+            for stream in streams:
+                await trio.aclose_forcefully(stream)

@@ -14,7 +14,10 @@ An episode is *wrongly judged* when its recorded result says something false abo
   stopped or frozen beyond the heartbeat timeout): its stall and traffic would carry the
   fault's time as if the policy had spent it;
 - it aborted blaming a node (``NodeDied``, ``node_unresponsive``) other than the one
-  the fault hit.
+  the fault hit;
+- it completed without being flagged ``disturbed`` although its fault must flag it
+  (``must_disturb``: the run's link emulator frozen mid-episode delays every packet in
+  flight, time the policy did not spend).
 
 So the count means the same for kinds that complete and kinds that abort: episodes
 whose row a reader would misread.
@@ -92,6 +95,29 @@ def stop_for(seconds: float) -> Injector:
 stop_node = stop_for(STOP_S)
 
 
+def freeze_emulator(seconds: float) -> Injector:
+    """SIGSTOP the group's link emulator (this run's own process) for ``seconds``."""
+    async def freeze(group: TeamGroup, agent: str, rng: random.Random,
+                     nursery: trio.Nursery) -> None:
+        emulator = getattr(group.topo.links, "emulator", None)
+        if emulator is None:
+            raise RuntimeError("fault emulator_freeze: this network has no userspace "
+                               "emulator")
+        pid = int(emulator.process.pid)
+        os.kill(pid, signal.SIGSTOP)
+
+        async def resume_later() -> None:
+            try:
+                await trio.sleep(seconds)
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+
+        nursery.start_soon(resume_later)
+
+    return freeze
+
+
 class FloodInjector:
     """Starts an attack on the victim beside the episode (testbed/tools/fault_floods.py)
     and keeps what it measured; :meth:`settle` waits for the attack to end."""
@@ -134,6 +160,21 @@ def link_fault(kind: str, *, seconds: tuple[float, float], rate: float) -> Injec
     return inject
 
 
+async def overwrite_store(group: TeamGroup, agent: str, rng: random.Random,
+                          nursery: trio.Nursery) -> None:
+    """Overwrite the victim's store database and WAL in place with seeded random bytes
+    (the node must notice on its read-back and end, never serve from memory)."""
+    base = group.team.store_path(agent)
+
+    def scribble() -> None:
+        for path in (base, Path(f"{base}-wal")):
+            with contextlib.suppress(FileNotFoundError), open(path, "r+b") as f:
+                size = os.fstat(f.fileno()).st_size
+                f.write(rng.randbytes(size))
+
+    await trio.to_thread.run_sync(scribble)
+
+
 def fill_disk(root: Path) -> Injector:
     """Fill the (small, private) file system holding the stores until it is full."""
     async def inject(group: TeamGroup, agent: str, rng: random.Random,
@@ -155,13 +196,15 @@ class FaultRunner:
 
     def __init__(self, inner: EpisodeRunner, inject: Injector, *, seed: int,
                  after_episode: Callable[[], None] | None = None, must_abort: bool = False,
-                 at_key_owner: bool = False) -> None:
+                 must_disturb: bool = False, at_key_owner: bool = False) -> None:
         self.inner = inner
         self.inject = inject
         self.seed = seed
         self.after_episode = after_episode
         #: The fault must abort its episode (a completed one is wrongly judged).
         self.must_abort = must_abort
+        #: A completed episode with the fault must be flagged ``disturbed``.
+        self.must_disturb = must_disturb
         #: Hit the owner of a key that the action at the fault point asks (so the action
         #: waits on it) instead of a random agent.
         self.at_key_owner = at_key_owner
@@ -231,7 +274,8 @@ class _FaultyGroup(DelegatingGroup[TeamGroup]):
                 await settle()
         misjudged = any(bool(row["invalid"]) != oracle.get(str(row["action"]), False)
                         for row in result.actions)
-        if misjudged or (injected and runner.must_abort):
+        unflagged = injected and runner.must_disturb and not result.episode.get("disturbed")
+        if misjudged or unflagged or (injected and runner.must_abort):
             runner.tally.wrongly_judged += 1
         counters = await team.counters()
         runner.tally.channel_rejections += sum(int(c.get("rejected", 0))

@@ -15,12 +15,22 @@ connections, ``rpc_timeout_s = 2``), one fault per episode at a seeded point:
 - ``partition``: the emulator drops every packet of one host for 0.5-3 s.
 - ``corrupt`` / ``duplicate`` / ``reorder``: on one host's packets for 1-2 s (corruption
   fixes the TCP checksum, so only the channel can reject it).
+- ``emulator_freeze``: SIGSTOP the run's link emulator for 3 s at a seeded point (the
+  ``fixed`` network); a completed episode must be flagged ``disturbed`` (its stall
+  carries the freeze), or abort for a network reason.
+- ``store_overwrite``: the victim's store database and WAL are overwritten in place with
+  random bytes; the node must notice on its read-back and end, so the episode aborts
+  (``NodeDied`` naming it), never serving from memory.
 - ``disk_full``: the file system holding the stores (a 32 MiB tmpfs in a private mount
   namespace) is filled; the episode must abort naming the full disk.
 - ``unread_flood`` / ``preauth_flood``: beside the episode, a roster member pipelines
   1500 fetches of an artifact-size record and never reads, or 512 replayed hellos each
   hold a partial 1 MiB frame (testbed/tools/fault_floods.py); the victim must close the
   attacker's connections and keep its memory within its byte caps, and give it back.
+- ``many_source_flood`` / ``junk_flood``: the hello flood from 32 loopback addresses,
+  or members' proven connections each sending a complete 1 MiB junk frame (4 rounds of
+  32); the victim must stay within its node budget (``held_bytes_per_node``) and give
+  the memory back.
 
 Link kinds run on the ``fixed`` profile (namespaces, userspace emulator; root), the
 others on loopback. Per kind: trials, completed, aborted, aborted with the expected
@@ -60,26 +70,43 @@ from testbed.host.processes import is_running
 from testbed.run.episode import EpisodeRunner
 from testbed.run.loop import run_campaign
 from testbed.run.team import heartbeat_timeout_s
-from testbed.tools.fault_checks import EXPECTED, MUST_ABORT, failures
-from testbed.tools.fault_floods import hello_flood, unread_flood
+from testbed.tools.fault_checks import (
+    EXPECTED,
+    FLOOD_KINDS,
+    MUST_ABORT,
+    MUST_DISTURB,
+    failures,
+)
+from testbed.tools.fault_floods import (
+    hello_flood,
+    junk_flood,
+    many_source_flood,
+    unread_flood,
+)
 from testbed.tools.fault_inject import (
     FREEZE_FACTOR,
+    STOP_S,
     FaultRunner,
     FloodInjector,
     Injector,
     fill_disk,
+    freeze_emulator,
     kill_node,
     link_fault,
+    overwrite_store,
     stop_for,
     stop_node,
 )
 
 KINDS = ("node_kill", "node_stop", "node_freeze", "controller_kill", "controller_kill_shaped",
-         "partition", "corrupt", "duplicate", "reorder", "disk_full", "unread_flood",
-         "preauth_flood")
+         "partition", "corrupt", "duplicate", "reorder", "emulator_freeze", "store_overwrite",
+         "disk_full", "unread_flood", "preauth_flood", "many_source_flood", "junk_flood")
 LINK_KINDS = ("partition", "corrupt", "duplicate", "reorder")
-SHAPED_KINDS = (*LINK_KINDS, "controller_kill_shaped")
+EMULATOR_KINDS = (*LINK_KINDS, "emulator_freeze")  # on the userspace emulator
+SHAPED_KINDS = (*EMULATOR_KINDS, "controller_kill_shaped")
 DEFAULT_TRIALS = 20
+FLOODS = {"unread_flood": unread_flood, "preauth_flood": hello_flood,
+          "many_source_flood": many_source_flood, "junk_flood": junk_flood}
 TMPFS_MIB = 32
 CLONE_NEWNS = 0x00020000
 
@@ -173,8 +200,12 @@ async def _in_process(kind: str, trials: int, seed: int, scratch: Path,
         inject = stop_node
     elif kind == "node_freeze":
         inject = stop_for(FREEZE_FACTOR * heartbeat_timeout_s(campaign.options.rpc_timeout_s))
-    elif kind in ("unread_flood", "preauth_flood"):
-        inject = FloodInjector(unread_flood if kind == "unread_flood" else hello_flood)
+    elif kind == "emulator_freeze":
+        inject = freeze_emulator(STOP_S)
+    elif kind == "store_overwrite":
+        inject = overwrite_store
+    elif kind in FLOOD_KINDS:
+        inject = FloodInjector(FLOODS[kind])
     elif kind == "disk_full":
         assert disk_root is not None
         inject = fill_disk(disk_root)
@@ -188,10 +219,12 @@ async def _in_process(kind: str, trials: int, seed: int, scratch: Path,
     with open_run_ledger(str(out)) as ledger:
         run_prefix = ledger.prefix
         runner = FaultRunner(EpisodeRunner(campaign, workdir_root=disk_root, ledger=ledger,
-                                           backend="userspace" if kind in LINK_KINDS
+                                           backend="userspace" if kind in EMULATOR_KINDS
                                            else None),
                              inject, seed=seed, after_episode=after,
-                             must_abort=kind in MUST_ABORT, at_key_owner=kind == "node_freeze")
+                             must_abort=kind in MUST_ABORT,
+                             must_disturb=kind in MUST_DISTURB,
+                             at_key_owner=kind == "node_freeze")
         await run_campaign(campaign, out, resume=False, runner=runner,
                            console=Console(file=io.StringIO()))
     episodes, _ = _tables(out)

@@ -188,6 +188,9 @@ def network_lines(name: str, profile: NetworkProfile, *, defined: bool,
 
 def backend_line(chosen: str, probed: dict[str, str] | None, cluster: str | None) -> str:
     """What the run's backends will be: probed here, chosen by the workers, or unknown."""
+    if chosen == "sim":
+        return ("backend: sim (every episode in virtual time: nothing to probe, no root; "
+                "docs/sim.md)")
     if cluster is not None:
         return f"backend: {chosen} (each worker of {cluster} probes its own)"
     if probed is None:

@@ -46,6 +46,7 @@ import trio
 from testbed.errors import UserError
 from testbed.links.linkspec import LinkSpec, NetworkProfile, check_congestion_control
 from testbed.links.profiles import get_profile
+from testbed.net.capacity import host_limit
 from testbed.net.commands import (
     CommandError,
     CommandSpec,
@@ -144,6 +145,11 @@ def select_hosts(choice: NetworkChoice, segments: Sequence[Segment],
             raise UserError(f"{name}: no such host; hosts: {', '.join(names)}")
     if len(set(names)) != len(names):
         raise UserError(f"--host: each host once; got {', '.join(names)}")
+    limit, reason = host_limit(len(names))
+    if len(names) > limit:
+        flag = "--hosts" if choice.hosts is not None else "hosts"
+        raise UserError(f"{flag}: {len(names)} is more than this machine can run; allowed: "
+                        f"1..{limit} (set by {reason})")
     return names
 
 

@@ -210,7 +210,7 @@ async def non_increasing_sequence(team: Team) -> tuple[str, list[bytes]]:
     dup = make_record(team.identity("a0"), key="k000", owner="a0", seq=1, parents=[],
                       rtype="requirement", content=b"v1-bis")
     await _install_closes(team, [dup], identity="a1")
-    return "seq 1 already held with a different record", [dup.id]
+    return "equivocation by 'a0': 'k000' seq 1 has two signed records", [dup.id]
 
 
 ATTACKS: list[Attack] = [malformed_msgpack, oversize_prefix, truncated_prefix, wrong_mac,
@@ -255,15 +255,20 @@ async def test_fetch_of_unknown_id_is_an_error_reply_not_a_close(team: Team) -> 
     assert (await team.call(TARGET, "counters"))["rejected"] == 0
 
 
-async def test_directory_rejects_non_increasing_and_foreign_commits(team: Team) -> None:
+async def test_directory_rejects_out_of_order_and_foreign_commits(team: Team) -> None:
     h1 = HeadInfo("k000", "a0", 1, b"\1" * 32)
     h2 = HeadInfo("k000", "a0", 2, b"\2" * 32)
     counters = Counters()
     async with open_rpc_client(identity=team.identity("a0"), roster=team.roster,
                                connection="reuse", counters=counters) as owner:
+        await owner.call(CENTRAL_ID, "commit", {"heads": [h1.to_wire()]})
         await owner.call(CENTRAL_ID, "commit", {"heads": [h2.to_wire()]})
-    for who, head, reason in [("a0", h1, "does not increase the directory head"),
-                              ("a1", HeadInfo("k000", "a0", 3, b"\3" * 32), "by 'a1', not")]:
+    rejected = (await team.call(CENTRAL_ID, "counters"))["rejected"]
+    for who, head, reason in [
+            ("a0", h1, "commit of 'k000' seq 1 out of order"),
+            ("a0", HeadInfo("k000", "a0", 2**62, b"\6" * 32), "seq 4611686018427387904 out"),
+            ("a0", HeadInfo("k000", "a0", 2, b"\7" * 32), "equivocation by 'a0'"),
+            ("a1", HeadInfo("k000", "a0", 3, b"\3" * 32), "by 'a1', not")]:
         raw = await Raw.connect(team, CENTRAL_ID)
         await raw.handshake(team, team.identity(who))
         await raw.send_frame(raw.seal(request(1, "commit", {"heads": [head.to_wire()]})))
@@ -271,10 +276,17 @@ async def test_directory_rejects_non_increasing_and_foreign_commits(team: Team) 
         with trio.fail_after(5):
             while reason not in team.log_tail(CENTRAL_ID, 50):
                 await trio.sleep(0.02)
+    counted = await team.call(CENTRAL_ID, "counters")
+    assert counted["rejected"] == rejected + 4
+    assert counted["equivocations"] == 1
+    h3 = HeadInfo("k000", "a0", 3, b"\3" * 32)
+    async with open_rpc_client(identity=team.identity("a0"), roster=team.roster,
+                               connection="fresh", counters=counters) as owner:
+        await owner.call(CENTRAL_ID, "commit", {"heads": [h3.to_wire()]})  # not wedged
     async with open_rpc_client(identity=team.identity("a1"), roster=team.roster,
                                connection="fresh", counters=counters) as reader:
         answer = await reader.call(CENTRAL_ID, "dir_heads", {"keys": ["k000", "k001"]})
-    assert answer == {"heads": [h2.to_wire()]}
+    assert answer == {"heads": [h3.to_wire()]}
 
 
 class _LyingPeer:

@@ -9,6 +9,7 @@ roster member (``probe``) or as anyone who saw that member's handshake on the wi
 
 from __future__ import annotations
 
+import contextlib
 import resource
 import socket
 import time
@@ -476,3 +477,104 @@ async def test_memory_held_by_a_flood_of_partial_frames_is_returned(tmp_path: Pa
         assert _vm_kib(pid, "VmHWM") - rss_before > 96 * 1024  # it did hold a lot
         await trio.sleep(2)
         assert _vm_kib(pid, "VmRSS") - rss_before < 64 * 1024
+
+
+# --- one budget per node, whatever the source (held_bytes_per_node) --------------------------
+
+NODE_CAP = 32 * MIB
+#: What a node may hold above its budget: the allocator's slack, a frame being copied,
+#: the interpreter's own growth under load (the same margin as the other byte caps).
+MARGIN_KIB = 48 * 1024
+
+
+async def _proven(team: Team, sender: str) -> tuple[trio.SocketStream, Any]:
+    """A raw connection as ``sender`` that proved itself (a ping was answered)."""
+    stream, session = await _session(team, sender, rcvbuf=1 << 20)
+    ping = msgpack.packb({"i": 1, "m": "ping", "p": {}}, use_bin_type=True)
+    await stream.send_all(wire.encode_frame(session.encrypt(ping)))
+    assert await wire.read_frame(stream, wire.FrameDecoder()) is not None
+    return stream, session
+
+
+async def _measure(team: Team, attack: Any) -> tuple[int, int, dict[str, Any]]:
+    """(peak growth, growth 2 s after, counters) of the victim's resident memory (KiB)."""
+    pid = team.pid(TARGET)
+    assert pid is not None
+    rss_before = _vm_kib(pid, "VmRSS")
+    await attack()
+    peak = _vm_kib(pid, "VmHWM") - rss_before
+    await trio.sleep(2)
+    after = _vm_kib(pid, "VmRSS") - rss_before
+    print(f"peak growth {peak / 1024:.1f} MiB, after {after / 1024:.1f} MiB")
+    return peak, after, await team.call(TARGET, "counters")
+
+
+@pytest.mark.slow
+async def test_replayed_hellos_from_many_addresses_stay_within_the_node_budget(
+        tmp_path: Path) -> None:
+    """512 replayed hellos with a 1 MiB partial frame each, from 32 addresses, each
+    address within its own share: the node as a whole stops at its budget."""
+    async with _limited_team(tmp_path, {"held_bytes_per_node": NODE_CAP}) as team:
+        peak, after, counters = await _measure(
+            team, lambda: _hello_flood(team, 512, sources=32))
+        assert counters["peak_node_held_bytes"] <= NODE_CAP + 2 * MIB
+        assert counters["rejected"] > 0
+        assert peak < NODE_CAP // 1024 + MARGIN_KIB
+        assert after < 16 * 1024
+        await _log_shows(team, TARGET, "held_bytes_per_node")
+        await _still_serves(team)
+
+
+@pytest.mark.slow
+async def test_complete_junk_frames_from_a_member_are_bounded_and_given_back(
+        tmp_path: Path) -> None:
+    """A member's 32 proven connections each send complete 1 MiB frames that fail
+    authentication, again and again: each is closed, the node stays in budget and
+    gives the memory back."""
+    junk = wire.encode_frame(b"\x02" * (MIB - 64))
+
+    async def attack(team: Team) -> None:
+        for _ in range(4):
+            conns = [await _proven(team, PROBES[i % len(PROBES)]) for i in range(32)]
+            for stream, _ in conns:
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    await stream.send_all(junk)
+            for stream, _ in conns:
+                await _closed_by_node(stream)
+                await stream.aclose()
+
+    async with _limited_team(tmp_path, {"held_bytes_per_node": NODE_CAP}) as team:
+        peak, after, counters = await _measure(team, lambda: attack(team))
+        assert counters["rejected"] == 4 * 32
+        assert counters["peak_node_held_bytes"] <= NODE_CAP + 2 * MIB
+        assert peak < NODE_CAP // 1024 + MARGIN_KIB
+        assert after < 16 * 1024
+        await _still_serves(team)
+
+
+@pytest.mark.slow
+async def test_proven_connections_holding_partial_frames_stay_within_the_node_budget(
+        tmp_path: Path) -> None:
+    """128 proven connections (32 per member), each then holding all but one byte of a
+    1 MiB frame: per-member shares do not stop it, the node budget does; closing them
+    gives the memory back."""
+    partial = MIB.to_bytes(4, "big") + b"\x01" * (MIB - 1)
+
+    async def attack(team: Team) -> None:
+        conns = [await _proven(team, PROBES[i % len(PROBES)]) for i in range(128)]
+        for stream, _ in conns:
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError,
+                                     trio.TooSlowError), trio.fail_after(5):
+                await stream.send_all(partial)
+        await trio.sleep(1.0)
+        for stream, _ in conns:
+            await trio.aclose_forcefully(stream)
+
+    async with _limited_team(tmp_path, {"held_bytes_per_node": NODE_CAP}) as team:
+        peak, after, counters = await _measure(team, lambda: attack(team))
+        assert counters["rejected"] >= 128 - NODE_CAP // MIB - 1
+        assert counters["peak_node_held_bytes"] <= NODE_CAP + 2 * MIB
+        assert peak < NODE_CAP // 1024 + MARGIN_KIB
+        assert after < 16 * 1024
+        await _log_shows(team, TARGET, "held_bytes_per_node")
+        await _still_serves(team)

@@ -109,6 +109,20 @@ async def test_one_request_carries_the_endpoints_settings_and_the_key_as_a_beare
     assert done.attempts == 1
 
 
+async def test_json_object_carries_the_roles_schema_as_llama_cpp_takes_it() -> None:
+    schema = {"type": "object", "properties": {"tool": {"enum": ["confirm"]}}}
+    async with server([answer(200, CHAT), answer(200, CHAT)]) as (port, requests):
+        model = client(port, response_format="json_object")
+        try:
+            await model.chat(MESSAGES, schema)
+            await model.chat(MESSAGES)
+        finally:
+            await model.aclose()
+    with_schema, without = (body_of(r)["response_format"] for r in requests)
+    assert with_schema == {"type": "json_object", "schema": schema}
+    assert without == {"type": "json_object"}
+
+
 async def test_without_a_key_seed_or_format_none_of_them_is_sent() -> None:
     async with server([answer(200, CHAT)]) as (port, requests):
         model = client(port)

@@ -23,13 +23,17 @@ from typing import Any, cast
 import pytest
 
 from nodes import rpc
+from nodes.client import open_rpc_client
 from nodes.control import ControlClient
+from nodes.transport import Counters
 from protocols.env import ActionOutcome, ActionRequest, PolicyEnv
+from protocols.errors import PeerUnavailable
 from protocols.identity import CENTRAL_ID
 from protocols.policies import register
 from protocols.policies.base import Policy
 from protocols.policies.centralized_lineage import CentralizedLineage
 from protocols.policies.planfence import PlanFence
+from protocols.records import HeadInfo
 from testbed.run.team import NodeOpError, Team, key_owners, open_team
 from tests.names import derivation_current_policies, policies
 
@@ -242,3 +246,38 @@ async def test_a_forged_head_response_blocks_live(tmp_path: Path) -> None:
                                keys=["k000"])
             assert act["outcome"] == "blocked", policy
             assert act["block_reason"].startswith("integrity"), (policy, act["block_reason"])
+
+
+async def test_a_bogus_announced_head_cannot_wedge_the_key_live(team: Team) -> None:
+    """An owner announces k000 at seq 2^62 naming no record: the executor refuses it
+    (the owner cannot produce it) and adopts the owner's next honest announcement."""
+    plan = await start_episode(team, "metadata_sync")
+    bogus = HeadInfo("k000", "a0", 2**62, b"\x66" * 32)
+    async with open_rpc_client(identity=team.identity("a0"), roster=team.roster,
+                               connection="fresh", counters=Counters()) as owner:
+        assert await owner.call("a2", "announce", {"heads": [bogus.to_wire()]}) \
+            == {"ack": True}
+    act = await team.call("a2", "act", action="ship", roots=[plan["root"]], keys=["k000"])
+    assert act["outcome"] == "blocked"
+    assert act["block_reason"].startswith("integrity"), act["block_reason"]
+    assert "'a0' reported 'k000' seq 4611686018427387904" in act["block_reason"]
+    update = await team.call("a0", "update", key="k000", content=b"k000-v2")
+    await end_unit(team, 0)  # the barrier announces seq 2
+    act = await team.call("a2", "act", action="ship", roots=[plan["root"]], keys=["k000"])
+    assert act["outcome"] == "released", act.get("block_reason")
+    assert act["inputs"] == {"k000": update["head"]["id"]}
+    assert not await invalid(team, act)
+
+
+async def test_a_commit_at_a_seq_no_record_has_is_refused_live(team: Team) -> None:
+    plan = await start_episode(team, "centralized_lineage")
+    bogus = HeadInfo("k000", "a0", 2**62, b"\x66" * 32)
+    async with open_rpc_client(identity=team.identity("a0"), roster=team.roster,
+                               connection="fresh", counters=Counters()) as owner:
+        with pytest.raises(PeerUnavailable):
+            await owner.call(CENTRAL_ID, "commit", {"heads": [bogus.to_wire()]})
+    update = await team.call("a0", "update", key="k000", content=b"k000-v2")
+    act = await team.call("a2", "act", action="ship", roots=[plan["root"]], keys=["k000"])
+    assert act["outcome"] == "released", act.get("block_reason")
+    assert act["inputs"] == {"k000": update["head"]["id"]}
+    assert not await invalid(team, act)

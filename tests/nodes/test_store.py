@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from nodes.store import SqliteStore
 from protocols.errors import ConflictError, IntegrityError, LocalProtocolError, OwnerRuleError
+from protocols.heads import EquivocationError
 from protocols.identity import Identity, Member, Roster
 from protocols.records import HeadInfo, Record, make_record
 
@@ -29,7 +31,7 @@ def rec(who: Identity, key: str, seq: int, content: bytes = b"x",
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> SqliteStore:
+def store(tmp_path: Path) -> Iterator[SqliteStore]:
     s = SqliteStore(tmp_path / "a.sqlite", agent_id="a", roster=roster())
     yield s
     s.close()
@@ -111,32 +113,56 @@ def test_batch_is_all_or_nothing(store: SqliteStore) -> None:
     assert store.head_log() == []
 
 
-def test_synced_head_never_lowered(store: SqliteStore) -> None:
-    h2 = HeadInfo("k1", "b", 2, b"\2" * 32)
-    store.set_synced_head(h2)
+def test_synced_head_never_lowered_behind_a_held_record(store: SqliteStore) -> None:
+    r2 = rec(B, "k1", 2, b"two")
+    store.install(r2)  # the announced head is proven: its record is held here
+    store.set_synced_head(r2.head)
     store.set_synced_head(HeadInfo("k1", "b", 1, b"\1" * 32))
-    assert store.synced_head("k1") == h2
-    with pytest.raises(ConflictError):
+    assert store.synced_head("k1") == r2.head
+    with pytest.raises(EquivocationError, match="equivocation by 'b'"):
         store.set_synced_head(HeadInfo("k1", "b", 2, b"\3" * 32))
     with pytest.raises(OwnerRuleError):
         store.set_synced_head(HeadInfo("k1", "a", 9, b"\4" * 32))
-    assert store.synced_head("k1") == h2
+    assert store.synced_head("k1") == r2.head
+
+
+def test_an_unproven_synced_head_cannot_wedge_the_key(store: SqliteStore) -> None:
+    bogus = HeadInfo("k1", "b", 2**62, b"\6" * 32)  # no record has this sequence
+    store.set_synced_head(bogus)
+    assert store.synced_head("k1") == bogus
+    honest = rec(B, "k1", 2, b"two")
+    store.set_synced_head(honest.head)  # the owner's next statement replaces the claim
+    assert store.synced_head("k1") == honest.head
 
 
 def test_directory_commit_rules(store: SqliteStore) -> None:
     h1, h2 = HeadInfo("k0", "a", 1, b"\1" * 32), HeadInfo("k0", "a", 2, b"\2" * 32)
+    with pytest.raises(OwnerRuleError, match="out of order"):
+        store.dir_commit(h2, committer="a")  # the first commit must be the seed
     assert store.dir_commit(h1, committer="a") is True
     assert store.dir_commit(h2, committer="a") is True
     assert store.dir_commit(h2, committer="a") is False  # same again: no-op
-    with pytest.raises(OwnerRuleError):
-        store.dir_commit(h1, committer="a")  # non-increasing
+    with pytest.raises(OwnerRuleError, match="out of order"):
+        store.dir_commit(h1, committer="a")  # a step back
+    with pytest.raises(OwnerRuleError, match="out of order"):
+        store.dir_commit(HeadInfo("k0", "a", 2**62, b"\5" * 32), committer="a")
     with pytest.raises(OwnerRuleError):
         store.dir_commit(HeadInfo("k0", "a", 3, b"\3" * 32), committer="b")  # not owner
     with pytest.raises(OwnerRuleError):
         store.dir_commit(HeadInfo("k0", "b", 3, b"\3" * 32), committer="b")  # wrong owner
-    with pytest.raises(ConflictError):
+    with pytest.raises(EquivocationError):
         store.dir_commit(HeadInfo("k0", "a", 2, b"\x09" * 32), committer="a")
     assert store.dir_head("k0") == h2
+    assert store.dir_commit(HeadInfo("k0", "a", 3, b"\3" * 32), committer="a") is True
+
+
+def test_a_second_signed_record_at_a_held_seq_is_equivocation(store: SqliteStore) -> None:
+    store.install(rec(B, "k1", 1, b"one"))
+    planted = rec(B, "k1", 1, b"planted")
+    with pytest.raises(EquivocationError, match="equivocation by 'b': 'k1' seq 1") as info:
+        store.install(planted)
+    assert info.value.owner == "b"
+    assert not store.has(planted.id)
 
 
 @pytest.mark.parametrize(("durability", "level"), [("full", 2), ("normal", 1)])

@@ -150,7 +150,7 @@ async def test_counters_equal_the_frames_on_the_wire(net: Net, connection: Any) 
         "frames_sent": handshakes + calls, "frames_received": handshakes + calls,
         "handshake_bytes_sent": handshakes * (wire.PREFIX_BYTES + auth.DH_BYTES + TAG),
         "connections_opened": 0, "connections_accepted": handshakes, "rejected": 0,
-        "refused": 0, "rpc_timeouts": 0}
+        "refused": 0, "rpc_timeouts": 0, "equivocations": 0}
     assert 1 <= peaks["peak_connections"] <= handshakes
     assert peaks["peak_frame_objects"] >= 7  # {"i", "m", "p": {...}} and the params
     counters.reset()

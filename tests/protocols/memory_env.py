@@ -37,6 +37,7 @@ from protocols.errors import (
     RemoteProtocolError,
     RpcTimeout,
 )
+from protocols.heads import adopt_announced, check_commit
 from protocols.identity import CENTRAL_ID, Identity, Member, Roster
 from protocols.planning import current_inputs, derive_plan, replacement_plan
 from protocols.policies import make_policy
@@ -100,11 +101,9 @@ class MemoryStore:
         if self.roster.owners.get(head.key) != head.owner:
             raise OwnerRuleError(f"announced {head.key!r} names the wrong owner")
         current = self.synced.get(head.key)
-        if current is not None and head.seq <= current.seq:
-            if head.seq == current.seq and head.record_id != current.record_id:
-                raise ConflictError(f"announced {head.key!r} seq {head.seq} conflicts")
-            return
-        self.synced[head.key] = head
+        proven = current is not None and current.record_id in self.records
+        if adopt_announced(current, head, proven=proven):
+            self.synced[head.key] = head
 
 
 @dataclass(frozen=True)
@@ -336,8 +335,7 @@ class MemoryEnv:
             for head in heads:
                 if self.roster.owners.get(head.key) != self.agent_id:
                     raise RemoteCallError("not_owner", "only the owner commits")
-                current = self.team.directory.get(head.key)
-                if current is None or head.seq > current.seq:
+                if check_commit(self.team.directory.get(head.key), head):
                     self.team.directory[head.key] = head
         await self.team.rpc(self.agent_id, CENTRAL_ID, "commit", run)
 

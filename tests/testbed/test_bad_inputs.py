@@ -251,7 +251,7 @@ CASES: list[Case] = [
     bad_campaign("options-unknown", campaign(options="retries = 2"),
                  "options: unknown field 'retries'"),
     bad_campaign("options-backend", campaign(options='backend = "kernel"'),
-                 "options.backend: 'kernel' is not allowed; allowed: auto, userspace, netem"),
+                 "options.backend: 'kernel' is not allowed; allowed: auto, userspace, netem, sim"),
     bad_campaign("options-durability", campaign(options='durability = "none"'),
                  "options.durability: 'none' is not allowed"),
     bad_campaign("options-rpc-timeout", campaign(options="rpc_timeout_s = 0"),

@@ -10,26 +10,44 @@ and replies are one JSON object per line over TCP:
 
 ``check`` answers whether every key a stored plan read is still at the version the plan
 saw: the service's one idea of a "safe" action.
+
+Under a command workload it also writes its history (docs/history.md) to
+``$TESTBED_HISTORY``: version 0 of every key of ``$TESTBED_KEYS`` at its start, then
+every ``put`` at the instant it is committed (``by`` names the writer), so the testbed
+can judge the clients' actions itself.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import socketserver
 import sys
 import threading
+import time
+from typing import IO, Any
 
 VERSIONS: dict[str, int] = {}
 PLANS: dict[str, dict[str, int]] = {}
 LOCK = threading.Lock()
+HISTORY: IO[str] | None = None
 
 
-def answer(request: dict) -> dict:
+def record(event: dict[str, object]) -> None:
+    """One history line (under LOCK, so the file stays in time order)."""
+    if HISTORY is not None:
+        HISTORY.write(json.dumps({"t_ns": time.monotonic_ns(), **event}) + "\n")
+        HISTORY.flush()
+
+
+def answer(request: dict[str, Any]) -> dict[str, Any]:
     op = request.get("op")
     with LOCK:
         if op == "put":
             key = str(request["key"])
             VERSIONS[key] = VERSIONS.get(key, 0) + 1
+            record({"type": "write", "key": key, "version": str(VERSIONS[key]),
+                    "owner": str(request.get("by") or "server")})
             return {"ok": True, "version": VERSIONS[key]}
         if op == "get":
             return {"ok": True, "versions": {k: VERSIONS.get(k, 0) for k in request["keys"]}}
@@ -62,6 +80,12 @@ class Server(socketserver.ThreadingTCPServer):
 
 if __name__ == "__main__":
     port = int(sys.argv[1]) if len(sys.argv) > 1 else 7000
+    if os.environ.get("TESTBED_HISTORY"):
+        HISTORY = open(os.environ["TESTBED_HISTORY"], "w")  # noqa: SIM115 (open for the process's life)
+        HISTORY.write(json.dumps({"history": 1, "host": os.environ["TESTBED_HOST"]}) + "\n")
+        with LOCK:
+            for key in os.environ.get("TESTBED_KEYS", "").split():
+                record({"type": "write", "key": key, "version": "0", "owner": "server"})
     with Server(("0.0.0.0", port), Handler) as server:
         print(f"kv: serving on port {port}", flush=True)
         server.serve_forever()

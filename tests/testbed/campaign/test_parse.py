@@ -127,7 +127,7 @@ def test_bad_grid_values(tmp_path: Path, line: str, message: str) -> None:
     (BASE_TOML.replace('policy = ["planfence"]\n', ""),
      "grid.policy: missing; list at least one value"),
     (BASE_TOML + "[options]\nbackend = 'kernel'\n",
-     "options.backend: 'kernel' is not allowed; allowed: auto, userspace, netem"),
+     "options.backend: 'kernel' is not allowed; allowed: auto, userspace, netem, sim"),
     (BASE_TOML + "[options]\ndurability = 'none'\n",
      "options.durability: 'none' is not allowed; allowed: full, normal"),
     (BASE_TOML + "[options]\nwire_encoding = 'xml'\n",

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from testbed.campaign.command import CommandTableError, check_ready
+from testbed.campaign.command import CommandTableError
+from testbed.campaign.command_table import check_ready
 from testbed.net.commands import (
     CommandError,
     CommandSpec,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -115,6 +116,28 @@ def test_exec_on_a_fixed_network_loads_no_heavy_module(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "== a1 (exit 0) ==" in proc.stdout
     assert_nothing_left(prefix_of(proc.stderr))
+
+
+def test_more_hosts_than_the_fd_limit_allows_are_one_line_before_anything(
+        tmp_path: Path) -> None:
+    """The host limit follows this machine (testbed.net.capacity): under `ulimit -n 256`
+    a 100-host network is refused before a namespace exists, naming the limit."""
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+    proc = subprocess.run([sys.executable, "-m", "testbed", "exec", "fixed", "--hosts", "100",
+                           "--", "true"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, check=False, preexec_fn=low_limit)
+    assert proc.returncode == 2, proc.stderr
+    # one line and no banner: nothing was built (the banner names the run's prefix)
+    assert proc.stderr.splitlines() == [
+        "testbed exec: --hosts: 100 is more than this machine can run; allowed: 1..48 (set "
+        "by the fd limit 256 (ulimit -n; 4 per host))"]
+    fine = subprocess.run([sys.executable, "-m", "testbed", "exec", "fixed", "--hosts", "40",
+                           "--", "true"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=180, check=False, preexec_fn=low_limit)
+    assert fine.returncode == 0, fine.stderr[-2000:]
+    assert_nothing_left(prefix_of(fine.stderr))
 
 
 def test_a_python_http_server_and_client_over_att(tmp_path: Path) -> None:

@@ -89,6 +89,38 @@ async def test_a_llama_cpp_like_server_keeps_only_the_props_that_name_the_build(
                                         "model_path": "/m/qwen3.gguf", "total_slots": 1}
 
 
+async def test_llama_cpp_python_started_by_hand_is_named_by_its_openapi_info() -> None:
+    info = {"openapi": "3.1.0", "info": {"title": "\U0001f999 llama.cpp Python API",
+                                         "version": "0.3.36"}, "paths": {}}
+    async with server({"/v1/models": MODELS, "/openapi.json": (200, info)}) as (root, _):
+        record = await probe(root)
+    assert record["server_version"] == {"endpoint": "/openapi.json",
+                                        "server": "llama-cpp-python", "version": "0.3.36"}
+    assert record["identity"] is None  # no file digest: only testbed model-server says it
+
+
+async def test_another_apps_openapi_is_not_taken_for_a_version() -> None:
+    info = {"info": {"title": "Some proxy", "version": "9"}}
+    async with server({"/v1/models": MODELS, "/openapi.json": (200, info)}) as (root, _):
+        record = await probe(root)
+    assert record["server_version"] == {}
+
+
+async def test_the_record_names_the_sampling_sent_and_a_served_files_identity() -> None:
+    version = {"server": "llama-cpp-python", "version": "0.3.36", "stand_in": False,
+               "gguf": {"file": "m.Q4_1.gguf", "sha256": "ab" * 32, "quantization": "Q4_1"},
+               "n_threads": 2, "n_ctx": 4096, "seed": 0, "chat_format": "x"}
+    async with server({"/v1/models": MODELS, "/version": (200, version)}) as (root, _):
+        record = await probe(root, temperature=0.5, seed=3)
+    assert record["sampling"] == {"temperature": 0.5, "top_p": 0.95, "max_tokens": 1024,
+                                  "seed": 3, "response_format": "json_object"}
+    assert record["identity"] == {
+        "file": "m.Q4_1.gguf", "sha256": "ab" * 32, "quantization": "Q4_1",
+        "server": "llama-cpp-python", "server_version": "0.3.36", "n_threads": 2,
+        "n_ctx": 4096, "server_seed": 0, "chat_format": "x"}
+    assert not record["stand_in"]
+
+
 async def test_a_server_that_lists_no_models_and_no_version_is_still_usable() -> None:
     async with server({}) as (root, _):
         record = await probe(root, model="anything")

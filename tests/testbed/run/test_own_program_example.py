@@ -15,8 +15,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from protocols.history_check import CURRENT, STALE, STALE_IN_WINDOW, check_history
 from testbed import api
 from testbed.campaign.parse import load_campaign
+from testbed.results.history import episode_folders, read_episode
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "docs" / "examples" / "own-program"
@@ -81,3 +83,14 @@ def test_the_example_runs_as_a_command_workload(tmp_path: Path) -> None:
     per_host = json.loads(row["link_host_bytes"])
     assert {"a0", "a1", "a2"} <= set(per_host)
     assert all(per_host[h]["up_bytes"] > 0 for h in ("a0", "a1", "a2"))
+    # The testbed judges the actions from the programs' histories (docs/history.md): a
+    # plan the service found superseded is stale; one it found current is current, or
+    # stale only by a write that landed in the check's window (after the request left).
+    (folder,) = [f for _, f in episode_folders(tmp_path / "out")]
+    verdicts = {v.action: v for v in check_history(read_episode(folder)).verdicts}
+    assert set(verdicts) == set(actions["action"])
+    for action in actions.itertuples():
+        status = verdicts[str(action.action)].status
+        assert status in ((CURRENT, STALE_IN_WINDOW) if action.ok else (STALE, STALE_IN_WINDOW))
+    assert row["stale_actions"] == sum(v.status != CURRENT for v in verdicts.values())
+    assert row["stale_actions"] > 0  # rho 4: updates land between plans and actions

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from testbed.campaign.parse import parse_campaign
 from testbed.run.loop import run_campaign
-from testbed.run.progress import LineProgress, open_progress
+from testbed.run.progress import LineProgress, open_progress, progress_bar, shorten_middle
 from tests.testbed.run.fake_runner import SMALL, FakeRunner
 
 
@@ -70,7 +70,7 @@ async def test_a_campaign_logged_to_a_file_shows_progress_while_it_runs(
         time.sleep(0.01)  # episodes that take a moment, so ticks fall between them
         return real(*args)  # type: ignore[arg-type]
 
-    slow.measure = measure  # type: ignore[method-assign]
+    slow.measure = measure  # type: ignore[method-assign,assignment]
     await run_campaign(campaign, tmp_path / "o", resume=False, runner=slow,
                        console=Console(file=log, width=200))
     lines = [x for x in log.getvalue().splitlines() if x.startswith("progress: ")]
@@ -80,3 +80,52 @@ async def test_a_campaign_logged_to_a_file_shows_progress_while_it_runs(
     assert counts == sorted(counts)
     assert lines[-1].startswith(f"progress: {total}/{total} episodes (100%)")
     assert all("ETA" in x for x in lines)
+
+
+KEY = ("planfence_budget-b=2-ranking=critical_first_att_o0_r1_x8_n5_d4_reuse_compact_t64/"
+       "fulfillment-04")
+
+
+def _bar_lines(width: int, host: str = "") -> list[str]:
+    clock = Clock()
+    console = Console(file=io.StringIO(), width=width, force_terminal=True,
+                      color_system=None, record=True)
+    bar = progress_bar(console, get_time=clock)
+    task = bar.add_task("episodes", total=1020, completed=0, host="")
+    bar.update(task, description=KEY)
+    for _ in range(5):  # one episode every 40 s
+        clock.now += 40
+        bar.advance(task)
+    bar.update(task, host=host)
+    console.print(bar.get_renderable())
+    return console.export_text().splitlines()
+
+
+def test_the_bar_keeps_count_rate_and_eta_on_one_80_column_line() -> None:
+    (line,) = _bar_lines(80)
+    assert len(line) <= 80
+    assert "5/1020" in line
+    assert "1.5/min" in line
+    assert "ETA 11:16:40" in line
+    assert "0:03:20" in line  # elapsed
+    assert "…" in line
+    assert line.split()[0].endswith("fulfillment-04")
+    assert line.startswith("planfence")
+
+
+def test_the_bar_shares_the_line_with_who_holds_the_host() -> None:
+    (line,) = _bar_lines(80, host="waiting for a lane: run /x holds 8 lane(s)")
+    assert len(line) <= 80
+    assert "ETA 11:16:40" in line
+    assert "waiti" in line
+    (wide,) = _bar_lines(200, host="waiting for a lane: run /x holds 8 lane(s)")
+    assert KEY in wide
+    assert "waiting for a lane: run /x holds 8 lane(s)" in wide
+
+
+def test_shorten_middle_keeps_both_ends() -> None:
+    assert shorten_middle("abcdefghij", 20) == "abcdefghij"
+    assert shorten_middle("abcdefghij", 6) == "ab…hij"
+    assert len(shorten_middle(KEY, 30)) == 30
+    assert shorten_middle("abc", 1) == "…"
+    assert shorten_middle("abc", 0) == ""

@@ -107,9 +107,14 @@ async def test_the_action_deadline_blocks(tmp_path: Path) -> None:
 
 
 async def test_handoff_scenarios_on_live_nodes(tmp_path: Path) -> None:
-    actions, _ = await run(campaign("handoff", {
+    actions, episodes = await run(campaign("handoff", {
         "policy": ["session_read_set", "inherited_version_set", "planfence"]}),
         tmp_path / "out")
+    # The history checker, from the trial's history alone, agrees with `invalid`.
+    stale = episodes.set_index("episode")["stale_actions"].sort_index()
+    invalid = actions.set_index("episode")["invalid"].astype(int).sort_index()
+    assert invalid.to_dict() == stale.to_dict()
+    assert int(invalid.sum()) > 0
     got = {(r.policy, r.scenario): (r.replans > 0, bool(r.invalid))
            for r in actions.itertuples()}
     assert got == {

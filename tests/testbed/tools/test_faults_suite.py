@@ -23,7 +23,7 @@ from testbed.tools.faults import KINDS
 
 @pytest.mark.slow
 @pytest.mark.privileged
-@pytest.mark.timeout(960)  # twelve kinds, two trials each: about 5 minutes, more when loaded
+@pytest.mark.timeout(960)  # fourteen kinds, two trials each: about 5 minutes, more when loaded
 def test_every_fault_kind_ends_as_it_must(tmp_path: Path) -> None:
     if os.geteuid() != 0 or not Path("/dev/net/tun").exists():
         pytest.skip("testbed faults needs root and TUN devices")
