@@ -18,7 +18,8 @@
 # against the reference runs' data and docs/architecture.md's recipes on a copy of the
 # checkout. Markers are defined in pyproject.toml. Each pytest lane prints its 15
 # slowest tests and its seconds per layer (tests/conftest.py); the runner prints every
-# lane's seconds at the end.
+# lane's seconds at the end. The main and fast lanes run on TEST_WORKERS pytest-xdist
+# workers (default 3; TEST_WORKERS=0 runs them in one process).
 #
 # While the main or fast tests run, a small campaign runs beside them again and again
 # (another user's campaign on the same host: namespaces, ledgers, temporary directories,
@@ -152,10 +153,15 @@ run_pytest() {
   local beside=$1 expr=$2 rc
   shift 2
   [ "$beside" = 1 ] && start_beside
+  # the main and fast lanes run on TEST_WORKERS pytest-xdist workers (default 3: most
+  # tests wait on processes, sockets and links, not on these 2 cores); 0 runs them in
+  # this process
+  local workers=()
+  [ "$beside" = 1 ] && [ "${TEST_WORKERS:-3}" != 0 ] && workers=(-n "${TEST_WORKERS:-3}")
   if [ -n "$expr" ]; then
-    .venv/bin/python -m pytest --durations=15 -m "$expr" "${args[@]}"
+    .venv/bin/python -m pytest --durations=15 "${workers[@]}" -m "$expr" "${args[@]}"
   else
-    .venv/bin/python -m pytest --durations=15 "${args[@]}"
+    .venv/bin/python -m pytest --durations=15 "${workers[@]}" "${args[@]}"
   fi
   rc=$?
   if [ "$rc" = 5 ]; then

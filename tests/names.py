@@ -9,14 +9,18 @@ about particular policies or networks parametrise over their own tables' keys.
 from __future__ import annotations
 
 from protocols.policies import describe_policy, policy_names
+from protocols.policies.registry import policy_class
 
 TEST_PREFIX = "test_"
 """Policies tests register for themselves (node plugins) start with this."""
 
 
 def policies(*categories: str) -> list[str]:
-    """Registered policies (without tests' own), of CATEGORIES if given, in name order."""
-    names = [n for n in policy_names() if not n.startswith(TEST_PREFIX)]
+    """The project's registered policies (without tests' own, and without a plugin's an
+    earlier test loaded into this process: node processes know only the project's and
+    the campaign's own plugins), of CATEGORIES if given, in name order."""
+    names = [n for n in policy_names() if not n.startswith(TEST_PREFIX)
+             and policy_class(n).__module__.startswith("protocols.policies.")]
     if not categories:
         return names
     return [n for n in names if describe_policy(n).category in categories]

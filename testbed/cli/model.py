@@ -11,6 +11,7 @@ Point a live campaign at either by ``[model] base_url`` and ``model`` (docs/live
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import socket
 import sys
@@ -42,11 +43,30 @@ def _rules(args: argparse.Namespace) -> Any:
         raise UserError(f"--{str(exc).replace('_', '-')}") from None
 
 
+def _recorded_model(run: Path) -> str:
+    """The model name a live run's manifest records (what its campaign asked for)."""
+    try:
+        manifest = json.loads((run / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return "planfence-stand-in"
+    model = manifest.get("model")
+    name = model.get("model") if isinstance(model, dict) else None
+    return name if isinstance(name, str) and name else "planfence-stand-in"
+
+
 def cmd_model_server(args: argparse.Namespace) -> int:
     from testbed.tools.llama_process import BUNDLED
 
-    if args.gguf is not None or args.model in BUNDLED:
+    if args.replay is not None:
+        if args.gguf is not None:
+            raise UserError("--gguf: a replay answers from a run's recordings, not a model "
+                            "file; drop --gguf or --replay")
+        if args.model is None:  # the name the recorded run asked for
+            args.model = _recorded_model(Path(args.replay))
+    elif args.gguf is not None or args.model in BUNDLED:
         return _serve_llama(args)
+    if args.model is None:
+        args.model = "planfence-stand-in"
     import trio
 
     from testbed.tools.model_server import StandInServer
@@ -115,8 +135,7 @@ def _serve_llama(args: argparse.Namespace) -> int:
             raise UserError(f"--gguf: {gguf} is not a file")
     else:
         gguf = bundled_gguf(args.model)
-    alias = args.model if args.model != "planfence-stand-in" or args.gguf is None \
-        else gguf.stem
+    alias = args.model if args.model is not None else gguf.stem
     threads = args.threads or host_threads()
     sock = bind(args.host, args.port)
 
@@ -149,8 +168,9 @@ def register(sub: Any) -> None:
                                             "model) or, with --model smollm2, a real model")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
     p.add_argument("--port", type=int, default=8800, help="port (8800; 0 picks a free one)")
-    p.add_argument("--model", default="planfence-stand-in",
-                   help="the model name it serves (planfence-stand-in: the stand-in); "
+    p.add_argument("--model", default=None,
+                   help="the model name it serves (default planfence-stand-in, the stand-in; "
+                        "with --replay, the name the recorded run asked for); "
                         f"{', '.join(BUNDLED)}: that real model through llama.cpp's server "
                         "(needs the model extra: bash scripts/setup.sh --model)")
     p.add_argument("--gguf", metavar="FILE",
