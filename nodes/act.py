@@ -14,7 +14,10 @@ Rules (docs/architecture.md, "Control plane"):
    read of the validation returned and ``last_head_round_t_ns`` when its round was sent,
    so a controller can tell a change before the final check from one during it and one
    between the check and the effect.
-4. An RpcError or RemoteProtocolError escaping ``validate`` is a block with that reason.
+4. An RpcError or RemoteProtocolError escaping ``validate`` is a block with that reason;
+   when it is a replacement role call's model endpoint that gave no answer
+   (``EndpointUnavailable``) the reply also says so in ``unavailable`` (the controller
+   aborts a live episode for it: infrastructure, not the model).
 5. ``held`` is the newest local version of each declared key when the outcome was
    decided (what the executor's memory held: a fresh memory beside a stale plan).
 6. ``versions`` (optional, key -> record ID) is the version set an application carries
@@ -40,6 +43,7 @@ from protocols.env import ActionRequest
 from protocols.errors import RemoteProtocolError, RpcError
 from protocols.policies.base import Policy
 from protocols.records import RECORD_ID_BYTES
+from protocols.roles import EndpointUnavailable
 
 log = logging.getLogger("nodes.node")
 
@@ -80,6 +84,7 @@ async def run_act(env: NodeEnv, policy: Policy, counters: Counters, action: str,
     env.meter.reset()
     started = time.monotonic_ns()
     released, reason, replans = False, "", 0
+    unavailable = ""
     issued: tuple[bytes, ...] = ()
     inputs: Mapping[str, bytes] = {}
     try:
@@ -92,6 +97,7 @@ async def run_act(env: NodeEnv, policy: Policy, counters: Counters, action: str,
             replans = env.replans_made - replans_before
     except (RpcError, RemoteProtocolError) as exc:  # fail closed
         released, reason = False, f"{type(exc).__name__}: {exc}"
+        unavailable = str(exc) if isinstance(exc, EndpointUnavailable) else ""
         replans = env.replans_made - replans_before
         issued, inputs = (), {}
     finally:
@@ -121,6 +127,7 @@ async def run_act(env: NodeEnv, policy: Policy, counters: Counters, action: str,
         "last_head_read_t_ns": env.meter.last_head_read_ns,
         "last_head_round_t_ns": env.meter.last_head_round_ns,
         "block_reason": "" if released else (reason or "blocked"),
+        **({"unavailable": unavailable} if unavailable else {}),
         "rpc_timeouts": after["rpc_timeouts"] - before["rpc_timeouts"],
         **env.meter.report(),
     }

@@ -11,7 +11,9 @@ Ops (docs/architecture.md, "Control plane"; docs/live.md has the workflow):
   newest local version of ``key`` (parents: both); ``auditor`` (``primary``: the
   executor's issued record, installed here) reviews it against the newest local version
   of ``key`` and confirms or decides an action of its own (parents: both). A model
-  failure is a reply with ``failed`` (the controller counts it), never a guessed decision.
+  failure is a reply with ``failed`` (the controller counts it), never a guessed decision;
+  an endpoint that gave no answer at all (``EndpointUnavailable``) is a reply with
+  ``unavailable`` instead (the controller aborts the episode: infrastructure, not model).
 - ``handoff`` {to, ids}: install these locally held records at ``to`` (data plane).
 - ``role_calls``: the role calls made since the last drain (prompt digest, responses,
   decision, parents, latency, tokens; ``nodes.role_calls`` rule 2).
@@ -34,6 +36,7 @@ from nodes.transport import Counters
 from protocols.planning import derive_plan, install_batches, next_version, plan_content
 from protocols.records import RECORD_ID_BYTES, Record
 from protocols.roles import (
+    EndpointUnavailable,
     ModelFailure,
     build_prompt,
     canonical_json,
@@ -127,6 +130,8 @@ class LiveOps:
                 out = await self._executor(env, store, caller, action, key, args)
             else:
                 out = await self._auditor(env, store, caller, action, key, args)
+        except EndpointUnavailable as exc:
+            out = {"unavailable": str(exc)}
         except ModelFailure as exc:
             out = {"failed": str(exc)}
         return {**out, "bytes": self._traffic_now() - before}

@@ -5,6 +5,9 @@
 - ``install_log``: ``[[id, key, owner, seq, parents, rtype, author, installed_ns], ...]``
   every record this node stores with its install time, in install order: what it held
   and since when (the source of the episode's history, docs/history.md).
+- ``rpc_log``: ``{"calls": [[peer, method, sent_ns, returned_ns], ...], "served":
+  [[caller, method, answered_ns], ...]}`` every remote call this node made and every
+  data-plane request it answered this episode (the history's optional ``rpc`` events).
 """
 
 from __future__ import annotations
@@ -13,13 +16,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from nodes.control import ControlError
+from nodes.node_env import NodeEnv
 from nodes.store import SqliteStore
 
 
 class LogOps:
-    """Mixed into ``nodes.node.Node``: the two log ops over its store."""
+    """Mixed into ``nodes.node.Node``: the log ops over its store and its RPC records."""
 
     store: SqliteStore | None
+    env: NodeEnv | None
+    served_log: list[tuple[str, str, int]]
 
     def _store(self) -> SqliteStore:
         if self.store is None:
@@ -33,3 +39,7 @@ class LogOps:
         return {"log": [[rid, key, owner, seq, list(parents), rtype, author, t_ns]
                         for rid, key, owner, seq, parents, rtype, author, t_ns
                         in self._store().install_log()]}
+
+    async def op_rpc_log(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        calls = [] if self.env is None else [list(c) for c in self.env.rpc_log]
+        return {"calls": calls, "served": [list(s) for s in self.served_log]}

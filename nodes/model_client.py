@@ -18,7 +18,10 @@ Rules this module obeys:
    broken connections are retried up to ``max_retries`` times with exponential backoff
    (``Retry-After`` honoured up to the backoff cap), and so is a 200 whose body is not
    a chat completion (never read as an empty decision); any other status, or the last
-   failure, is a :class:`protocols.roles.ModelFailure`.
+   failure, is a :class:`protocols.roles.ModelFailure`. When the last failure is the
+   endpoint's (a timeout, a transport error, 429 or 5xx: no answer at all) it is the
+   subclass :class:`protocols.roles.EndpointUnavailable`, naming the endpoint: the
+   server is gone, which is the run's infrastructure failing, not the model.
 4. At most ``concurrency`` calls of this node are in flight at once.
 """
 
@@ -35,7 +38,7 @@ from urllib.parse import urlsplit
 import httpx
 import trio
 
-from protocols.roles import ModelFailure
+from protocols.roles import EndpointUnavailable, ModelFailure
 
 BACKOFF_BASE_S = 0.25
 BACKOFF_CAP_S = 8.0
@@ -162,6 +165,7 @@ class ModelClient:
         """One completion, with retries on timeouts, 429/5xx and broken connections."""
         body = self.request_body(messages, schema)
         last = "no attempt"
+        unavailable = True  # every attempt so far got no answer (rule 3)
         retry_after: float | None = None  # this call's last 429 (calls run concurrently)
         for attempt in range(self.endpoint.max_retries + 1):
             self.last_attempts = attempt + 1
@@ -174,13 +178,16 @@ class ModelClient:
                                                        extensions=self._extensions)
             except httpx.TimeoutException as exc:
                 last = f"timeout after {self.endpoint.timeout_s:g} s ({type(exc).__name__})"
+                unavailable = True
                 continue
             except httpx.TransportError as exc:
                 last = f"{type(exc).__name__}: {exc}"
+                unavailable = True
                 continue
             latency_ms = (time.monotonic() - started) * 1000
             if response.status_code in RETRY_STATUSES:
                 last = f"HTTP {response.status_code}"
+                unavailable = True
                 retry_after = _retry_after_s(response)
                 continue
             if response.status_code != 200:
@@ -189,6 +196,10 @@ class ModelClient:
                 return _completion(response, attempt + 1, latency_ms)
             except ModelFailure as exc:  # a garbled body: as a broken answer, retried
                 last = str(exc)
+                unavailable = False
+        if unavailable:
+            raise EndpointUnavailable(f"{self.endpoint.base_url} gave no answer after "
+                                      f"{self.endpoint.max_retries + 1} attempts; last: {last}")
         raise ModelFailure(f"no answer after {self.endpoint.max_retries + 1} attempts; "
                            f"last: {last}")
 

@@ -74,6 +74,8 @@ class Node(LiveOps, WireOps, LogOps):
         self.cfg: NodeConfig | None = None
         self.store: SqliteStore | None = None
         self.handlers: Handlers | None = None
+        #: Every data-plane request this node answered: (caller, method, answered_ns).
+        self.served_log: list[tuple[str, str, int]] = []
         self.client: RpcClient | None = None
         self.env: NodeEnv | None = None
         self.policy: Policy | None = None
@@ -173,6 +175,7 @@ class Node(LiveOps, WireOps, LogOps):
     def handlers_answer(self, peer_id: str, method: str, params: dict[str, Any]) -> Any:
         if self.handlers is None:
             raise LocalProtocolError("node is not configured")
+        self.served_log.append((peer_id, method, time.monotonic_ns()))
         return self.handlers.answer(peer_id, method, params)
 
     def _new_episode_objects(self, cfg: NodeConfig, store: SqliteStore, client: RpcClient) -> None:
@@ -282,6 +285,7 @@ class Node(LiveOps, WireOps, LogOps):
             client = self.client
             await client.rekey(cfg.identity, cfg.roster)
         self.counters.reset()
+        self.served_log.clear()
         self._new_episode_objects(cfg, store, client)
         self.sched.reset()
         return {}

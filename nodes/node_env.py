@@ -58,6 +58,9 @@ class NodeEnv:
         self.memory: dict[str, Any] = {} if memory is None else memory
         #: A live executor's replacement generation (None: replay the recorded decision).
         self.replanner: Replanner | None = None
+        #: Every remote call of this episode: (peer, method, sent_ns, returned_ns), the
+        #: instants the meter takes anyway; read after the episode (``rpc_log``).
+        self.rpc_log: list[tuple[str, str, int, int]] = []
 
     @property
     def replans_made(self) -> int:
@@ -79,7 +82,11 @@ class NodeEnv:
                     head_read: bool | None = None) -> T:
         if peer == self.agent_id:  # answered by our own handlers: no round
             return await call()
-        return await self.meter.measure(method, call, head_read=head_read)
+        sent_ns = time.monotonic_ns()
+        try:
+            return await self.meter.measure(method, call, head_read=head_read)
+        finally:
+            self.rpc_log.append((peer, method, sent_ns, time.monotonic_ns()))
 
     # --- data plane --------------------------------------------------------------
     async def owner_heads(self, owner: str, keys: Sequence[str]) -> dict[str, HeadInfo]:

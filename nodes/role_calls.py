@@ -144,7 +144,7 @@ class RoleCaller:
             completion = await self.client.chat(messages, prompt.schema)
         except ModelFailure as exc:
             entry.http_attempts += self.client.last_attempts
-            raise ModelFailure(f"{prompt.role}: {exc}") from None
+            raise type(exc)(f"{prompt.role}: {exc}") from None  # keeps EndpointUnavailable
         entry.http_attempts += completion.attempts
         entry.completions += 1
         entry.responses.append(completion.text)

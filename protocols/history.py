@@ -12,6 +12,9 @@ Rules (docs/history.md is the reference; version :data:`HISTORY_VERSION`):
    action, start_t_ns (a validation of ``action`` that ran from ``start_t_ns`` to
    ``t_ns``); ``act`` action, plan, optional keys (the action was issued at ``t_ns``
    executing ``plan``; ``keys`` are its declared inputs, by default the plan's).
+   Optional: ``rpc`` peer, method, start_t_ns (a call this host sent to ``peer`` at
+   ``start_t_ns`` whose answer returned at ``t_ns``; ``served_t_ns``, when known, is
+   when the peer answered it). The checker ignores ``rpc``; timelines draw it.
 3. Within one file ``t_ns`` never decreases. A line that is not a JSON object, an
    unknown type, a missing or ill-typed field, a time that goes back: one
    :class:`HistoryError` naming the file and line.
@@ -31,7 +34,7 @@ from types import MappingProxyType
 from typing import Any, NamedTuple
 
 HISTORY_VERSION = 1
-EVENT_TYPES = ("write", "read", "install", "derive", "check", "act")
+EVENT_TYPES = ("write", "read", "install", "derive", "check", "act", "rpc")
 #: Fields each event type requires, with their JSON types (rule 2).
 REQUIRED: Mapping[str, Mapping[str, type]] = {
     "write": {"key": str, "version": str, "owner": str},
@@ -40,6 +43,7 @@ REQUIRED: Mapping[str, Mapping[str, type]] = {
     "derive": {"plan": str, "inputs": dict},
     "check": {"action": str, "start_t_ns": int},
     "act": {"action": str, "plan": str},
+    "rpc": {"peer": str, "method": str, "start_t_ns": int},
 }
 _COMMON = ("type", "t_ns")
 _KNOWN = {kind: frozenset({*_COMMON, *fields, "keys"}) for kind, fields in REQUIRED.items()}
@@ -71,6 +75,8 @@ class Event(NamedTuple):
     inputs: Mapping[str, str] = _EMPTY
     keys: tuple[str, ...] | None = None
     extra: Mapping[str, Any] = _EMPTY
+    peer: str = ""
+    method: str = ""
 
 
 @dataclass(frozen=True)
@@ -125,8 +131,8 @@ def parse_event(obj: object, host: str, where: str) -> Event:
                    for k, v in inputs.items()):
             raise HistoryError(f"{where}: derive: inputs must map keys to version strings")
         fields["inputs"] = dict(inputs)
-    if kind == "check" and fields["start_t_ns"] > obj["t_ns"]:
-        raise HistoryError(f"{where}: check: start_t_ns is after its end t_ns")
+    if kind in ("check", "rpc") and fields["start_t_ns"] > obj["t_ns"]:
+        raise HistoryError(f"{where}: {kind}: start_t_ns is after its end t_ns")
     if kind == "act" and "keys" in obj:
         keys = obj["keys"]
         if not isinstance(keys, list) or not all(isinstance(k, str) and k for k in keys):

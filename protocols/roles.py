@@ -65,6 +65,12 @@ class ModelFailure(RpcError):
     or schema violations after every correction): the decision is missing."""
 
 
+class EndpointUnavailable(ModelFailure):
+    """No answer at all from the model endpoint after every retry (refused, dropped or
+    timed-out connections, 429/5xx): the server is gone or overloaded. An infrastructure
+    failure of the episode, not a decision the model failed to make."""
+
+
 # --- task documents (rule 1) -----------------------------------------------------------
 
 

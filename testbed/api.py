@@ -43,6 +43,7 @@ from testbed.errors import HostError, UserError
 from testbed.links.backend import SIM_BACKEND
 from testbed.report.build import build_report
 from testbed.report.load import load_run
+from testbed.run.cluster_security import ClusterAccess
 from testbed.run.contract import RunSummary
 from testbed.tools.network_api import network
 
@@ -106,7 +107,9 @@ def run(campaign: Campaign, out: str | Path, *, resume: bool = False, extend: bo
         console: Console | None = None, repeats: int = 1, rerun_disturbed: int = 0,
         host_lanes: int | None = None, allow_dirty: bool = False,
         allow_code_change: bool = False, allow_side_branch: bool = False,
-        calibration: str | Path | None = None) -> RunSummary:
+        calibration: str | Path | None = None, cluster: str | None = None,
+        tls: str | Path | Mapping[str, str] | ClusterAccess | None = None,
+        insecure: bool = False, allow_mixed_backends: bool | None = None) -> RunSummary:
     """Run ``campaign`` into ``out`` (``resume``: finish an interrupted run there);
     ``repeats`` runs per episode and ``rerun_disturbed`` reruns of a disturbed one
     (docs/campaigns.md, "Attempts").
@@ -119,7 +122,17 @@ def run(campaign: Campaign, out: str | Path, *, resume: bool = False, extend: bo
     contained (testbed.run.failures): the summary's ``failures`` lists them and ``left``
     says what could not be removed at the end. ``backend="sim"`` runs every episode in
     virtual time (``testbed.sim``) with the service times of ``calibration`` (a file
-    ``testbed calibrate sim`` wrote; default: its default path): no root, no processes."""
+    ``testbed calibrate sim`` wrote; default: its default path): no root, no processes.
+
+    ``cluster`` (default: the campaign's ``[execution] cluster``, else this process)
+    runs the units on dask workers: ``local:N`` starts N worker processes here,
+    ``tls://HOST:PORT`` joins a scheduler with ``testbed worker``s, with ``tls`` the
+    client's certificates: a TOML file with a ``[cluster]`` section (``testbed cluster
+    certs`` writes ``client.toml``) or a mapping of ``tls_ca_file``, ``tls_cert`` and
+    ``tls_key``. ``insecure`` allows plain ``tcp://`` beyond this host
+    (testbed.run.cluster_security). A lost scheduler raises
+    ``testbed.run.dask_engine.SchedulerLost`` (a ``HostError``); ``resume=True`` on the
+    same ``out`` finishes the run."""
     from testbed.host.lanes import HostLanes
     from testbed.host.ledger import Ledger, clean_dead_runs, run_state_dir
     from testbed.run.attempts import AttemptPolicy
@@ -138,18 +151,23 @@ def run(campaign: Campaign, out: str | Path, *, resume: bool = False, extend: bo
     chosen = backend or campaign.options.backend
     check_backend(campaign, chosen)
     simulated = chosen == SIM_BACKEND
+    cluster = cluster or campaign.execution.cluster
+    access = _check_cluster(campaign, cluster, simulated, tls, insecure)
+    mixed = (campaign.execution.allow_mixed_backends if allow_mixed_backends is None
+             else allow_mixed_backends)
     sim_calibration = None
     if simulated:
         from testbed.sim.calibration import load as load_calibration
 
         sim_calibration = load_calibration(None if calibration is None else Path(calibration))
     shaped = any(campaign.network_profile(n).link is not None for n in campaign.network_names())
-    if shaped and not simulated and os.geteuid() != 0:
+    here = cluster is None or cluster.startswith("local:")  # the workers check their own
+    if shaped and not simulated and here and os.geteuid() != 0:
         raise HostError(f"campaign {campaign.name!r} has shaped networks: they need root "
                         "(or the `testbed run` command line, which enters a user namespace)")
     from testbed.run.preflight import preflight
 
-    if not simulated:
+    if not simulated and cluster is None:
         preflight(campaign, backend, probe=True)  # before anything exists (loop rule 8)
     printer = console or Console(highlight=False)
     label = str(out.absolute())
@@ -159,7 +177,26 @@ def run(campaign: Campaign, out: str | Path, *, resume: bool = False, extend: bo
     root = Path(workdir) if workdir is not None else None
     summary: list[RunSummary] = []
 
+    async def on_cluster(name: str, access: ClusterAccess) -> None:
+        from testbed.run.dask_engine import open_dask_engine
+
+        with interrupts.guard():
+            async with open_dask_engine(name, backend=backend, workdir=root,
+                                        allow_mixed_backends=mixed, access=access,
+                                        say=lambda line: printer.print(line, markup=False)
+                                        ) as engine:
+                await engine.survey(campaign)
+                summary.append(await run_campaign(campaign, out, resume=resume,
+                                                  extend=extend, engine=engine,
+                                                  console=printer, attempts=attempts,
+                                                  allow_dirty=allow_dirty,
+                                                  allow_code_change=allow_code_change,
+                                                  allow_side_branch=allow_side_branch))
+
     async def main(ledger: Ledger) -> None:
+        if cluster is not None:
+            await on_cluster(cluster, access)
+            return
         runner: Runner
         if sim_calibration is not None:  # virtual time (testbed.sim)
             from testbed.sim.episode import SimRunner
@@ -189,6 +226,34 @@ def run(campaign: Campaign, out: str | Path, *, resume: bool = False, extend: bo
     return replace(summary[0], left=tuple(left))
 
 
+def _check_cluster(campaign: Campaign, cluster: str | None, simulated: bool,
+                   tls: str | Path | Mapping[str, str] | ClusterAccess | None,
+                   insecure: bool) -> ClusterAccess:
+    """What a run on ``cluster`` cannot do, in one line naming ``cluster``; the access
+    ``tls`` and ``insecure`` give (testbed.run.cluster_security rule 2)."""
+    from testbed.run.cluster_security import CONFIG_KEYS, cluster_access
+
+    if cluster is not None:
+        if simulated:
+            raise UserError("cluster: the sim backend runs its episodes in this process for "
+                            "now; drop the cluster (or use backend auto)")
+        if campaign.options.link_log:
+            raise UserError("options.link_log: packet logs are written by runs in this "
+                            "process (jobs), not on a cluster; drop the cluster or link_log")
+        if campaign.command is not None:
+            raise UserError("cluster: a command workload runs its programs from this "
+                            "process; drop the cluster (use jobs for lanes)")
+    if isinstance(tls, ClusterAccess):
+        return replace(tls, insecure=tls.insecure or insecure)
+    if tls is None or isinstance(tls, str | Path):
+        return cluster_access(config=None if tls is None else str(tls), insecure=insecure)
+    unknown = sorted(set(tls) - set(CONFIG_KEYS))
+    if unknown:
+        raise UserError(f"tls: {unknown[0]} is not allowed; allowed: {', '.join(CONFIG_KEYS)} "
+                        "(or the path of a TOML file with a [cluster] section)")
+    return cluster_access(**{k: str(v) for k, v in tls.items()}, insecure=insecure)
+
+
 def _run_dir(run_dir: str | Path) -> Path:
     path = Path(run_dir)
     if not (path / "episodes.parquet").exists():
@@ -210,9 +275,10 @@ def actions(run_dir: str | Path) -> pd.DataFrame:
 
 def report(run_dir: str | Path, *, draws: int = 10_000, seed: int = 0,
            console: Console | None = None, episode: str | None = None,
-           exclude_disturbed: bool = False, out: str | Path | None = None) -> dict[str, Any]:
+           exclude_disturbed: bool = False, out: str | Path | None = None,
+           timeline: bool = False) -> dict[str, Any]:
     """Write tables, figures and report.md/html into ``run_dir`` (or ``out``); what was
-    written.
+    written. ``timeline``: also draw ``episode``'s space-time diagram from its history.
     ``exclude_disturbed`` leaves disturbed attempts out of every table. The plugins the
     run recorded are loaded first where they still import (their policies' titles and
     categories label the tables; testbed.campaign.plugins rule 3)."""
@@ -223,4 +289,4 @@ def report(run_dir: str | Path, *, draws: int = 10_000, seed: int = 0,
             console.print(f"report: note: {note}", markup=False)
     return build_report(path, draws=draws, seed=seed, console=console, episode=episode,
                         exclude_disturbed=exclude_disturbed,
-                        out=Path(out) if out is not None else None)
+                        out=Path(out) if out is not None else None, timeline=timeline)

@@ -15,6 +15,9 @@ Rules this module obeys:
    explicitly (``options.backend``, ``--backend``) that cannot run a network as defined
    is refused here too (:func:`check_backend`; what needs a kernel probe, CoDel's
    sch_codel, is refused when the run starts, before its first topology).
+5. Team size: the grid allows up to the sim backend's team (``agents`` up to
+   ``vocabulary.INT_LIMITS``); every other backend runs at most
+   ``workload.MAX_AGENTS`` agents and refuses more in one line.
 4. Provenance (:func:`network_provenance`): per network of the grid, its resolved
    definition (``netdef.network_to_data``) and every file it replays (capacity and
    delay traces, shipped or the user's) with path, size and SHA-256;
@@ -29,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from testbed.campaign.model import Campaign, CampaignError, fmt_number
+from testbed.campaign.workload import MAX_AGENTS as PACKET_MAX_AGENTS
+from testbed.campaign.workload import MAX_SIM_AGENTS
 from testbed.errors import UserError
 from testbed.links.backend import SIM_BACKEND
 from testbed.links.linkspec import CENTRAL_HOST, LinkSpec, NetworkProfile
@@ -148,13 +153,18 @@ def check_against_grid(campaign: Campaign) -> None:
         _check_offsets(name, profile, offsets[name])
 
 
-def check_backend(campaign: Campaign, backend: str) -> None:
-    """Refuse an explicit backend that cannot run some network of CAMPAIGN as defined."""
+def check_backend(campaign: Campaign, backend: str, *, final: bool = True) -> None:
+    """Refuse an explicit backend that cannot run some network of CAMPAIGN as defined,
+    and a team larger than the packet-level backends run on any backend but sim (rule
+    5). Not FINAL (a file's own ``options.backend``, which ``--backend`` may still
+    override): ``auto`` lets a larger team through."""
     if backend == SIM_BACKEND:
         from testbed.campaign.sim_support import check_campaign
 
         check_campaign(campaign)
         return
+    if final or backend != "auto":
+        check_team_size(campaign, backend)
     if backend not in ("netem", "userspace"):
         return
     for name in campaign.network_names():
@@ -172,6 +182,16 @@ def check_backend(campaign: Campaign, backend: str) -> None:
         reason = unsupported(profile)
         if reason is not None:
             raise CampaignError(f"backend netem: {reason}")
+
+
+def check_team_size(campaign: Campaign, backend: str) -> None:
+    """Rule 5: at most PACKET_MAX_AGENTS agents per cell on a packet-level backend."""
+    largest = max((cell.agents for cell in campaign.cells()), default=0)
+    if largest > PACKET_MAX_AGENTS:
+        raise CampaignError(
+            f"grid.agents: {largest} is more than backend {backend} runs (packet-level "
+            f"teams: 2..{PACKET_MAX_AGENTS} agents); use backend sim (up to "
+            f"{MAX_SIM_AGENTS}) or agents <= {PACKET_MAX_AGENTS}")
 
 
 def _files(name: str, profile: NetworkProfile) -> list[dict[str, Any]]:

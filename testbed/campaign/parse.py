@@ -114,7 +114,7 @@ def parse_campaign(data: Mapping[str, Any], *, source: str = "<campaign>",
                         plugins=named, model=model, decisions=decisions, command=command)
     if check_files:
         check_against_grid(campaign)
-        check_backend(campaign, options.backend)
+        check_backend(campaign, options.backend, final=False)  # --backend may say sim
     return campaign
 
 

@@ -21,8 +21,8 @@ from protocols.policies.registry import normal_spec, policy_class
 from protocols.records import WIRE_ENCODINGS as _WIRE_ENCODINGS
 from testbed.campaign.workload import (
     FAMILIES,
-    MAX_AGENTS,
     MAX_KEYS,
+    MAX_SIM_AGENTS,
     MAX_UNITS,
     MIN_UNITS,
     TEMPLATES_PER_FAMILY,
@@ -42,9 +42,11 @@ MAX_TEMPLATES = len(FAMILIES) * TEMPLATES_PER_FAMILY
 #: ``[execution] cluster`` and ``--cluster``: local:N or a scheduler's address.
 CLUSTER_SPEC = re.compile(r"local:[1-9][0-9]*|(tcp|tls)://[^\s/:]+:[0-9]+")
 CLUSTER_ALLOWED = "local:N (N >= 1) or tcp://HOST:PORT"
-#: (lowest, highest) for the integer grid fields.
+#: (lowest, highest) for the integer grid fields; ``agents`` up to the sim backend's
+#: team, the packet-level backends' MAX_AGENTS is checked with the backend
+#: (``testbed.campaign.networks.check_backend``).
 INT_LIMITS: dict[str, tuple[int, int]] = {
-    "keys": (1, MAX_KEYS), "agents": (2, MAX_AGENTS), "deps": (1, MAX_KEYS),
+    "keys": (1, MAX_KEYS), "agents": (2, MAX_SIM_AGENTS), "deps": (1, MAX_KEYS),
     "units": (MIN_UNITS, MAX_UNITS),
 }
 

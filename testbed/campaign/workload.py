@@ -42,6 +42,12 @@ Rules this module obeys (pure: no I/O, no clock, every choice from a seeded gene
 8. A plan's decision is the template's (a verb of the family's vocabulary and an
    option) unless the campaign replays the decisions a live run's models made
    (``testbed.campaign.decisions``); then only the decisions differ.
+9. Teams beyond the template's role pool (16 agents): roles still name agents
+   ``a0``..``a15`` (indices mod N, as for smaller teams) and keys are owned round
+   robin, so with N > keys the other agents own nothing and act in nothing: they are
+   the peers a policy announces to, reads replicas from or waits for at a barrier
+   (sparse dependencies). The workload's size (actions, updates, keys) follows units,
+   rho and keys, not N.
 """
 
 from __future__ import annotations
@@ -64,6 +70,13 @@ TIERS = ("compact", "artifact")
 DERIVATIONS = ("direct", "template")
 MAX_KEYS = 128
 MAX_AGENTS = 16
+"""The largest team the packet-level testbed runs (``testbed.campaign.networks``
+refuses more unless the backend is sim)."""
+MAX_SIM_AGENTS = 10_000
+"""The largest team the generator builds (rule 9): the sim backend's limit."""
+ROLE_POOL = 16
+"""Agent indices a template draws its planners and executors from (rule 3); fixed, so
+a template's roles, and every schedule, do not depend on the largest team allowed."""
 MIN_UNITS = 4
 MAX_UNITS = 4096
 MAX_SEED = 2**63 - 1
@@ -219,7 +232,7 @@ def describe_template(template: str) -> Template:
     # Deployments go through a review more often than reservations.
     p_review = {"reservation": 0.3, "fulfillment": 0.5, "deployment": 0.7}[family]
     depth = 1 if rng.random() < p_review else 0
-    roles = list(range(MAX_AGENTS))
+    roles = list(range(ROLE_POOL))
     rng.shuffle(roles)
     n_planners = rng.choice((1, 2))
     planners = tuple(roles[:n_planners])
@@ -340,8 +353,8 @@ def _check_params(family: str, template: str, agents: int, keys: int, units: int
     if template_family(template) != family:
         raise WorkloadError(f"template: {template!r} is not a {family} template; allowed: "
                             f"{family}-01..{family}-{TEMPLATES_PER_FAMILY:02d}")
-    if not 2 <= agents <= MAX_AGENTS:
-        raise WorkloadError(f"agents: {agents} is not allowed; allowed: 2..{MAX_AGENTS}")
+    if not 2 <= agents <= MAX_SIM_AGENTS:
+        raise WorkloadError(f"agents: {agents} is not allowed; allowed: 2..{MAX_SIM_AGENTS}")
     if not 1 <= keys <= MAX_KEYS:
         raise WorkloadError(f"keys: {keys} is not allowed; allowed: 1..{MAX_KEYS}")
     if not MIN_UNITS <= units <= MAX_UNITS:

@@ -284,17 +284,39 @@ def _model(args: argparse.Namespace, out: Console, json_path: Path | None) -> An
 
     from testbed.tools.bench_model import bench_model
 
-    result = trio.run(lambda: bench_model(out, calls=args.calls, templates=args.templates,
-                                          latency=args.latency))
+    if args.role_calls is not None:
+        from testbed.tools.role_call_stats import run_role_call_stats
+
+        result: Any = {"role_calls": run_role_call_stats(args.role_calls)}
+    elif args.real is not None:
+        from testbed.tools.bench_model_real import bench_real
+
+        result = trio.run(lambda: bench_real(out, model=args.real, calls=args.calls or 20,
+                                             templates=args.templates))
+    else:
+        result = trio.run(lambda: bench_model(out, calls=args.calls or 200,
+                                              templates=args.templates or 6,
+                                              latency=args.latency))
     write_json(json_path, result)
     return result
 
 
 def _model_args(b: argparse.ArgumentParser) -> None:
-    b.add_argument("--calls", type=positive_int, default=200, metavar="N",
-                   help="role calls for the overhead figure (default 200)")
-    b.add_argument("--templates", type=positive_int, default=6, metavar="N",
-                   help="tasks per arm of the live preset run (default 6)")
+    from testbed.tools.llama_process import BUNDLED
+
+    b.add_argument("--calls", type=positive_int, default=None, metavar="N",
+                   help="role calls for the overhead figure (default 200; with --real, "
+                        "role calls to the real model, default 20)")
+    b.add_argument("--templates", type=positive_int, default=None, metavar="N",
+                   help="tasks per arm of the live preset run (default 6; with --real, "
+                        "no preset run unless given)")
+    b.add_argument("--real", choices=list(BUNDLED), default=None,
+                   help="start this real model (as testbed model-server --model starts it) "
+                        "and measure role calls against it: latency p50/p95, prompt and "
+                        "completion tokens/s, schema failures (needs the model extra)")
+    b.add_argument("--role-calls", metavar="RUN", default=None,
+                   help="no server: the same role-call statistics from a committed live "
+                        "run's recorded decisions")
     b.add_argument("--latency", default="calibrated",
                    help="the stand-in's latency for the preset run: calibrated (default), "
                         "matched, zero or seconds")
@@ -311,6 +333,34 @@ def _history(args: argparse.Namespace, out: Console, json_path: Path | None) -> 
 def _history_args(b: argparse.ArgumentParser) -> None:
     b.add_argument("--events", type=positive_int, default=1_000_000, metavar="N",
                    help="events in the synthetic history (default 1000000)")
+
+
+def _sim(args: argparse.Namespace, out: Console, json_path: Path | None) -> Any:
+    from testbed.sim.bench import SIZES, bench_sim
+    from testbed.sim.calibration import load
+
+    calibration = load(None if args.calibration is None else Path(args.calibration))
+    try:
+        result = bench_sim(calibration, sizes=args.agents or SIZES, policy=args.policy,
+                           network=args.network, connection=args.connection)
+    except UserError as exc:  # the cell's grid field is the flag of the same name
+        raise UserError(str(exc).replace("grid.", "--", 1)) from None
+    write_json(json_path, result)
+    return result
+
+
+def _sim_args(b: argparse.ArgumentParser) -> None:
+    # the default sizes are the bench's own (testbed.sim.bench.SIZES), read when it runs:
+    # importing the simulator to register a flag would slow every command down
+    b.add_argument("--agents", type=counts, default=None, metavar="N,N",
+                   help="team sizes, one episode each (default: the bench's, 5 to 10000)")
+    b.add_argument("--policy", default="planfence", help="the cell's policy (default "
+                   "planfence)")
+    b.add_argument("--network", default="att", help="the cell's network (default att)")
+    b.add_argument("--connection", default="fresh", help="the cell's connection setting "
+                   "(default fresh)")
+    b.add_argument("--calibration", metavar="FILE",
+                   help="service times (default: what `testbed calibrate sim` wrote)")
 
 
 BenchRun = Callable[[argparse.Namespace, "Console", "Path | None"], Any]
@@ -347,10 +397,13 @@ BENCHES: tuple[Bench, ...] = (
     Bench("examples", "each bundled example run as a user runs it, its wall time against "
                       "`testbed check`'s estimate", _examples, _examples_args),
     Bench("model", "role-call overhead against the stand-in model server, and the live "
-                   "preset's wall time per attempt at the calibrated latency", _model,
+                   "preset's wall time per attempt at the calibrated latency; --real: "
+                   "role-call latency and tokens/s against a real model", _model,
           _model_args),
     Bench("history", "the history checker's throughput (events/s) and peak memory on a "
                      "seeded synthetic history", _history, _history_args),
+    Bench("sim", "one simulated episode per team size (5 to 10,000 agents): wall time and "
+                 "memory per member", _sim, _sim_args),
 )
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -128,13 +127,7 @@ def _execute(args: argparse.Namespace, campaign: Any, out: Path, attempts: Any, 
              resume: bool, extend: bool) -> Any:
     """Run (or resume, or extend) ``campaign`` into ``out`` as ``testbed run`` does; the
     run's summary (``RunSummary``)."""
-    import trio
-
     from testbed import api
-    from testbed.host.ledger import Ledger, clean_dead_runs, run_state_dir
-    from testbed.run.contract import RunSummary
-    from testbed.run.failures import contained_ledger
-    from testbed.run.loop import run_campaign
 
     workdir = directory("--workdir", args.workdir)
     cluster = args.cluster or campaign.execution.cluster
@@ -142,18 +135,9 @@ def _execute(args: argparse.Namespace, campaign: Any, out: Path, attempts: Any, 
     mixed = args.allow_mixed_backends or campaign.execution.allow_mixed_backends
     shaped = any(campaign.network_profile(n).link is not None for n in campaign.network_names())
     simulated = (args.backend or campaign.options.backend) == SIM_BACKEND
-    if simulated and cluster is not None:
-        raise UserError("--cluster: the sim backend runs its episodes in this process for "
-                        "now; drop --cluster (or use backend auto)")
     if not simulated and getattr(args, "calibration", None) is not None:
         raise UserError("--calibration: only the sim backend reads a calibration; add "
                         "--backend sim or drop --calibration")
-    if cluster is not None and campaign.options.link_log:
-        raise UserError("options.link_log: packet logs are written by runs in this process "
-                        "(--jobs), not on a cluster; drop --cluster or link_log")
-    if campaign.command is not None and cluster is not None:
-        raise UserError("--cluster: a command workload runs its programs from this process; "
-                        "drop --cluster (use --jobs N for lanes)")
     if shaped and not simulated and (cluster is None or cluster.startswith("local:")):
         require_namespaces(f"campaign {campaign.name!r} (non-loopback networks)")
     if not getattr(args, "warned", False):  # after a rootless re-execution, so once
@@ -163,45 +147,25 @@ def _execute(args: argparse.Namespace, campaign: Any, out: Path, attempts: Any, 
     # what a reference run may override (`testbed reproduce` shares this path)
     dirty, code_change, side = (bool(getattr(args, name, False)) for name in (
         "allow_dirty", "allow_code_change", "allow_side_branch"))
-    if cluster is None:
+    from testbed.run.dask_engine import SchedulerLost
+    from testbed.run.resume import scheduler_lost_line
+
+    try:
         return api.run(campaign, out, resume=resume, extend=extend, jobs=jobs,
                        backend=args.backend, workdir=workdir, console=out_console,
                        repeats=attempts.repeats, rerun_disturbed=attempts.rerun_disturbed,
                        host_lanes=args.host_lanes, allow_dirty=dirty,
                        allow_code_change=code_change, allow_side_branch=side,
-                       calibration=getattr(args, "calibration", None))
-    label = str(Path(out).absolute())
-    if resume or extend:  # what a killed run (this one's, or any) left behind
-        for item in clean_dead_runs(run_state_dir()):
-            out_console.print(f"removed {item} (left by an interrupted run)")
-
-    access = access_from(args)
-
-    async def main(ledger: Ledger) -> RunSummary:
-        from testbed.interrupts import guard
-        from testbed.run.dask_engine import open_dask_engine
-
-        with guard():  # a second Ctrl-C while it cleans up: one line (testbed.interrupts)
-            async with open_dask_engine(cluster, backend=args.backend, workdir=workdir,
-                                        allow_mixed_backends=mixed, access=access,
-                                        say=lambda line: out_console.print(
-                                            line, markup=False)) as engine:
-                await engine.survey(campaign)
-                return await run_campaign(campaign, out, resume=resume, extend=extend,
-                                          engine=engine, console=out_console,
-                                          attempts=attempts, allow_dirty=dirty,
-                                          allow_code_change=code_change,
-                                          allow_side_branch=side)
-
-    from testbed.run.dask_engine import SchedulerLost
-    from testbed.run.resume import scheduler_lost_line
-
-    try:
-        with contained_ledger(label) as (ledger, left):
-            summary = trio.run(main, ledger)
+                       calibration=getattr(args, "calibration", None), cluster=cluster,
+                       tls=access_from(args) if cluster else None,
+                       allow_mixed_backends=mixed)
     except SchedulerLost as exc:
         raise HostError(scheduler_lost_line(exc, campaign, Path(out), ARGV)) from None
-    return dataclasses.replace(summary, left=tuple(left))
+    except UserError as exc:  # the flags' names, not the function's parameters
+        if args.cluster and str(exc).startswith("cluster:"):
+            raise UserError("--" + str(exc).replace("drop the cluster", "drop --cluster")
+                            .replace("use jobs", "use --jobs N")) from None
+        raise
 
 
 def _ended(summary: Any) -> int:
@@ -256,9 +220,21 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise UserError(f"{run_dir} has no episodes.parquet "
                         "(run a campaign into it first, or finish it with --resume)")
     out_console = console()
+    if args.only_timeline and not args.timeline:
+        raise UserError("--only-timeline: allowed only with --timeline")
+    if args.timeline and args.episode is None:
+        raise UserError("--timeline: needs --episode KEY (the folder names under "
+                        f"{run_dir / 'history'}/ are the keys, with ~ for /)")
+    if args.only_timeline:
+        from testbed.report.timeline import timeline_figure
+
+        paths = timeline_figure(run_dir, args.episode,
+                                Path(args.out or run_dir) / "figures")
+        out_console.print(f"report: timeline -> {', '.join(str(p) for p in paths)}")
+        return 0
     summary = api.report(run_dir, draws=args.draws, seed=args.seed, console=out_console,
                          episode=args.episode, exclude_disturbed=args.exclude_disturbed,
-                         out=args.out)
+                         out=args.out, timeline=args.timeline)
     out_console.print(f"report: {summary['report_md']} ({len(summary.get('tables', []))} "
                       f"tables, {len(summary.get('figures', []))} figures)")
     return 0
@@ -354,8 +330,14 @@ def register(sub: Any) -> None:
                    help="bootstrap draws (default 10000)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     p.add_argument("--episode", metavar="KEY",
-                   help="draw the link plots of this episode (default: the first episode "
-                        "with a link log of each network)")
+                   help="draw the link plots (and with --timeline the timeline) of this "
+                        "episode (default: the first episode with a link log of each "
+                        "network)")
+    p.add_argument("--timeline", action="store_true",
+                   help="also draw --episode's space-time diagram from its history "
+                        "(figures/timeline_<episode>.png and .svg, and in report.md/html)")
+    p.add_argument("--only-timeline", action="store_true",
+                   help="with --timeline: draw only the timeline (no tables, no bootstrap)")
     p.add_argument("--exclude-disturbed", action="store_true",
                    help="leave disturbed attempts out of every table (the report says how "
                         "many; an episode with no undisturbed attempt drops out with its "

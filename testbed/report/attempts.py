@@ -5,7 +5,10 @@ Rules this module obeys (the run directory keeps every attempt; nothing here cha
 1. A run may hold several attempts of an episode (``attempt`` 1 upward, ``repeat`` 1..R;
    testbed/run/attempts.py). Rows written before attempts existed are attempt 1,
    repeat 1, and not disturbed (their ``disturbed`` is null: never measured).
-2. The verdict of a repeat is its first undisturbed attempt, else its first attempt.
+2. The verdict of a repeat is its first undisturbed attempt, else its first attempt;
+   an attempt aborted by the infrastructure (``testbed.results.aborts``: its model
+   endpoint gave no answer; ``--resume`` ran it again) is the verdict only when the
+   repeat has no other.
    An episode with one repeat is that attempt's row. With several repeats its costs
    (every numeric measurement) are the median over its repeats that did not abort, its
    action counts (scheduled, available, invalid, valid) are summed over the repeats,
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from testbed.results.aborts import retried_on_resume
 from testbed.results.schema import CELL_COLUMNS, STUDY_COLUMNS
 from testbed.results.verdict import BUSY_PCT, RESOLUTION
 
@@ -64,8 +68,13 @@ def collapse(episodes: pd.DataFrame, actions: pd.DataFrame, *,
     kept = attempts[~attempts["disturbed"]] if exclude_disturbed else attempts
     excluded_attempts = len(attempts) - len(kept)
     excluded_episodes = attempts["episode"].nunique() - kept["episode"].nunique()
-    order = kept.sort_values(["episode", "repeat", "disturbed", "attempt"], kind="stable")
-    verdicts = order.drop_duplicates(["episode", "repeat"], keep="first")
+    infra = (kept["aborted"].astype(bool) & kept["abort_reason"].map(retried_on_resume)
+             if "abort_reason" in kept and "aborted" in kept
+             else pd.Series(False, index=kept.index))
+    order = kept.assign(_infra=infra).sort_values(
+        ["episode", "repeat", "_infra", "disturbed", "attempt"], kind="stable")
+    verdicts = order.drop_duplicates(["episode", "repeat"], keep="first").drop(
+        columns=["_infra"])
     chosen = set(zip(verdicts["episode"], verdicts["attempt"], strict=True))
     attempts = attempts.assign(verdict=[(e, a) in chosen for e, a in
                                         zip(attempts["episode"], attempts["attempt"],

@@ -25,6 +25,7 @@ from testbed.report.tables import build_tables
 from testbed.report.tables_command import COMMAND_KIND, command_figures
 from testbed.report.tables_trials import trial_kind
 from testbed.report.tabular import write_table
+from testbed.report.timeline import episode_folder, timeline_figure
 from testbed.report.unsafe import explain_in_tables, unsafe_policies
 
 
@@ -43,6 +44,7 @@ def build_report(
     episode: str | None = None,
     exclude_disturbed: bool = False,
     out: Path | None = None,
+    timeline: bool = False,
 ) -> dict[str, Any]:
     """Write the report of the campaign in ``run_dir``; returns what was written.
 
@@ -53,6 +55,8 @@ def build_report(
     episode whose link plots to draw (default: the first with a link log of each network).
     ``exclude_disturbed``: leave disturbed attempts out of every table and figure.
     ``out``: where to write (default ``run_dir``; the run directory is then only read).
+    ``timeline``: also draw ``episode``'s space-time diagram from its history (first in
+    the figures; its link plots only when it has a packet log).
     Policies with an invalid action are marked unsafe in every table and figure.
     """
     if draws < 1:
@@ -65,7 +69,13 @@ def build_report(
             console.print(message)
 
     run = load_run(run_dir, exclude_disturbed=exclude_disturbed)
-    if episode is not None:  # before minutes of bootstrap, not after
+    timeline_key: str | None = None
+    if timeline:  # before minutes of bootstrap, not after
+        if episode is None:
+            raise UserError("--timeline: needs --episode KEY")
+        timeline_key, _ = episode_folder(run_dir, episode)
+        episode = timeline_key if _has_link_log(run, timeline_key) else None
+    elif episode is not None:
         episode = resolve_episode(run, episode)
     say(f"report: {run.campaign}: {len(run.episodes)} episodes, {len(run.actions)} actions")
     host_lines = ([] if run.attempts is None
@@ -89,6 +99,8 @@ def build_report(
         say(f"report: the paper beside this run: {len(paper.rows)} cells"
             if paper is not None else f"report: {paper_line}")
         written, notes = _figures(run, out_dir / "figures", episode)
+        if timeline_key is not None:
+            written = timeline_figure(run_dir, timeline_key, out_dir / "figures") + written
     figure_paths = [p for p in written if p.suffix in (".png", ".svg")]
     figure_data = [p for p in written if p not in figure_paths]
     say(f"report: {len(figure_paths)} figure files -> {out_dir / 'figures'}")
@@ -114,6 +126,11 @@ def build_report(
         "notes": notes,
         "paper": paper.name if paper is not None else None,
     }
+
+
+def _has_link_log(run: Run, key: str) -> bool:
+    ep = run.episodes
+    return "link_log" in ep and bool(ep[ep["episode"] == key]["link_log"].notna().any())
 
 
 def _figures(run: Run, directory: Path, episode: str | None) -> tuple[list[Path], list[str]]:

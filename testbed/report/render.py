@@ -40,6 +40,9 @@ FIGURE_CAPTIONS = {
     "fig_link_": "One episode's links from its packet logs: per host, throughput against "
     "the capacity the link offered (grey) and every packet's queueing delay, uplink and "
     "downlink (like mm-throughput-graph and mm-delay-graph).",
+    "timeline_": "One episode as a space-time diagram from its history: a lane per host, "
+    "writes, derives, checks and acts as marks, recorded calls as arrows, each stale "
+    "action ringed in red with a dashed line to the write that superseded its input.",
 }
 
 

@@ -49,6 +49,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from testbed.errors import UserError
+from testbed.results.aborts import retried_on_resume
 from testbed.results.atomic import TMP_MARK, space_for, write_json_atomic, write_table_atomic
 from testbed.results.schema import ACTION_SCHEMA, EPISODE_SCHEMA, ResultRowError, rows_table
 
@@ -62,6 +63,7 @@ class Attempt(NamedTuple):
     repeat: int
     disturbed: bool
     aborted: bool
+    retry: bool = False  # aborted by the infrastructure: --resume runs it again (aborts.py)
 
 
 def split_shard_name(stem: str) -> tuple[str, int]:
@@ -128,7 +130,10 @@ class RunDir:
         db.execute("CREATE TABLE IF NOT EXISTS attempts (key TEXT NOT NULL, "
                    "attempt INTEGER NOT NULL, repeat INTEGER NOT NULL, "
                    "disturbed INTEGER NOT NULL, aborted INTEGER NOT NULL, "
-                   "PRIMARY KEY (key, attempt))")
+                   "retry INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (key, attempt))")
+        columns = {str(row[1]) for row in db.execute("PRAGMA table_info(attempts)")}
+        if "retry" not in columns:  # a run directory made before infrastructure aborts
+            db.execute("ALTER TABLE attempts ADD COLUMN retry INTEGER NOT NULL DEFAULT 0")
         self._db = db
         self._restore_shards()
         for key in self.completed():
@@ -259,18 +264,19 @@ class RunDir:
     def attempts(self) -> dict[str, list[Attempt]]:
         """key -> its committed attempts in attempt order (rule 6)."""
         out: dict[str, list[Attempt]] = {}
-        rows = self.db.execute("SELECT key, attempt, repeat, disturbed, aborted FROM attempts "
-                               "ORDER BY key, attempt").fetchall()
-        for key, attempt, repeat, disturbed, aborted in rows:
+        rows = self.db.execute("SELECT key, attempt, repeat, disturbed, aborted, retry FROM "
+                               "attempts ORDER BY key, attempt").fetchall()
+        for key, attempt, repeat, disturbed, aborted, retry in rows:
             out.setdefault(str(key), []).append(
-                Attempt(int(attempt), int(repeat), bool(disturbed), bool(aborted)))
+                Attempt(int(attempt), int(repeat), bool(disturbed), bool(aborted),
+                        bool(retry)))
         return out
 
     def _note_attempt(self, key: str, record: Attempt) -> None:
         self.db.execute("INSERT OR REPLACE INTO attempts (key, attempt, repeat, disturbed, "
-                        "aborted) VALUES (?, ?, ?, ?, ?)",
+                        "aborted, retry) VALUES (?, ?, ?, ?, ?, ?)",
                         (key, record.attempt, record.repeat, int(record.disturbed),
-                         int(record.aborted)))
+                         int(record.aborted), int(record.retry)))
 
     def _reconcile_attempts(self) -> None:
         """Record committed attempts the ledger does not know (a kill between the
@@ -351,8 +357,10 @@ def _attempt_of(row: Mapping[str, Any]) -> int:
 
 def _attempt_record(row: Mapping[str, Any]) -> Attempt:
     repeat = row.get("repeat")
+    aborted = bool(row.get("aborted"))
     return Attempt(_attempt_of(row), 1 if repeat is None else int(repeat),
-                   bool(row.get("disturbed")), bool(row.get("aborted")))
+                   bool(row.get("disturbed")), aborted,
+                   aborted and retried_on_resume(row.get("abort_reason")))
 
 
 def _with_attempts(table: pa.Table, attempt: int | None = None) -> pa.Table:

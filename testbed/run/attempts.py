@@ -8,7 +8,10 @@ Rules this module obeys (pure; the loop and ``run_unit`` apply them):
 2. Every run is an *attempt* with its own number (1 upward per episode, in the order
    they ran) and its own rows; none replaces another. A repeat is settled by its first
    undisturbed attempt, by an aborted one (an abort is not a disturbance: it is
-   recorded and not retried here), or when its N reruns are used up.
+   recorded and not retried here), or when its N reruns are used up. An attempt
+   aborted by the infrastructure (its model endpoint gave no answer;
+   ``testbed.results.aborts``) settles nothing and uses up no rerun: ``--resume``
+   runs the repeat again under the next attempt number.
 3. Resume plans from the committed attempts alone (``RunDir.attempts``): an attempt
    that was started and killed left no rows, so it runs again under the same number;
    settled repeats never run again, so nothing is duplicated. Raising R or N on
@@ -67,9 +70,10 @@ ONE_ATTEMPT = EpisodePlan((Slot(1, 1),), 1)
 
 def settled(records: Sequence[Attempt], rerun_disturbed: int) -> bool:
     """Whether a repeat with these committed attempts needs no further run (rule 2)."""
-    if any(r.aborted or not r.disturbed for r in records):
+    counted = [r for r in records if not r.retry]
+    if any(r.aborted or not r.disturbed for r in counted):
         return True
-    return len(records) >= 1 + rerun_disturbed
+    return len(counted) >= 1 + rerun_disturbed
 
 
 def plan_episode(records: Sequence[Attempt], policy: AttemptPolicy) -> EpisodePlan | None:
@@ -78,7 +82,8 @@ def plan_episode(records: Sequence[Attempt], policy: AttemptPolicy) -> EpisodePl
     for repeat in range(1, policy.repeats + 1):
         mine = [r for r in records if r.repeat == repeat]
         if not settled(mine, policy.rerun_disturbed):
-            slots.append(Slot(repeat, 1 + policy.rerun_disturbed - len(mine)))
+            slots.append(Slot(repeat, 1 + policy.rerun_disturbed
+                              - sum(not r.retry for r in mine)))
     if not slots:
         return None
     return EpisodePlan(tuple(slots), max((r.attempt for r in records), default=0) + 1)
@@ -86,5 +91,5 @@ def plan_episode(records: Sequence[Attempt], policy: AttemptPolicy) -> EpisodePl
 
 def verdict_attempt(records: Sequence[Attempt]) -> Attempt:
     """The attempt a repeat's verdict comes from (rule 4)."""
-    ordered = sorted(records, key=lambda r: r.attempt)
-    return next((r for r in ordered if not r.disturbed), ordered[0])
+    ordered = sorted(records, key=lambda r: (r.retry, r.attempt))
+    return next((r for r in ordered if not r.disturbed and not r.retry), ordered[0])

@@ -124,6 +124,7 @@ class TeamGroup:
         heartbeat_s = heartbeat_timeout_s(self.campaign.options.rpc_timeout_s)
         result: list[EpisodeResult] = []
         failed: list[BaseException] = []
+        aborted: list[EpisodeAborted] = []  # the runner's own (e.g. a live model endpoint)
         unresponsive: list[NodeUnresponsive] = []
         host_before = HostSample.read()
         with trio.move_on_after(timeout_s) as deadline:
@@ -135,6 +136,8 @@ class TeamGroup:
                         if isinstance(exc, LinkFailure):
                             raise  # the emulator failed, not a node: testbed.run.failures
                         failed.append(exc)
+                    except EpisodeAborted as exc:  # not through the nursery's group
+                        aborted.append(exc)
                     finally:
                         nursery.cancel_scope.cancel()
 
@@ -147,6 +150,8 @@ class TeamGroup:
 
                 nursery.start_soon(body)
                 nursery.start_soon(watch)
+        if aborted:
+            raise aborted[0]
         if failed and not unresponsive:  # was it a frozen node behind that failure?
             frozen = await self.team.unresponsive(timeout_s=heartbeat_s)
             if frozen is not None:
@@ -237,13 +242,15 @@ class TeamGroup:
             if barrier:
                 await self._barrier(unit, tally)
 
-        logs, installs = {}, {}
+        logs, installs, rpcs = {}, {}, {}
         for agent in team.agents:
             logs[agent] = (await team.call(agent, "head_log"))["log"]
             installs[agent] = (await team.call(agent, "install_log"))["log"]
+            rpcs[agent] = await team.call(agent, "rpc_log")
         timeline = build_head_log(logs)
         history = history_texts(node_history(owners=schedule.owners, head_logs=logs,
-                                             install_logs=installs, acts=acts))
+                                             install_logs=installs, acts=acts,
+                                             rpc_logs=rpcs))
         counters = await team.counters()
         for agent, reply in zip(team.members, await team.each_call("verify_store"),
                                 strict=True):

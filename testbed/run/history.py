@@ -15,6 +15,10 @@ Rules (docs/history.md, "The testbed's own nodes"):
    (``last_head_round_t_ns``) to when its answer returned (``last_head_read_t_ns``).
    ``act``: each released action at its ``issue_t_ns``, executing its issued root,
    with the action's declared keys. A blocked action issues nothing, so it has no ``act``.
+5. ``rpc`` (optional): each remote call a node sent (``rpc_log``), at the instant its
+   answer returned, from when it was sent; ``served_t_ns`` is when the peer answered
+   it: the first request the peer recorded from this caller for this method within
+   the call's interval (left out when none is).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import Any
 from testbed.campaign.workload import Act
 
 #: Order of events at the same instant on one host (a write before what reads it).
-_RANK = {"write": 0, "install": 1, "read": 1, "derive": 2, "check": 3, "act": 4}
+_RANK = {"write": 0, "install": 1, "read": 1, "derive": 2, "check": 3, "act": 4, "rpc": 5}
 
 
 def _inputs(root: bytes, records: Mapping[bytes, tuple[str, Sequence[bytes]]],
@@ -47,12 +51,42 @@ def _inputs(root: bytes, records: Mapping[bytes, tuple[str, Sequence[bytes]]],
     return {k: next(iter(v)).hex() for k, v in sorted(found.items()) if len(v) == 1}
 
 
+def rpc_events(rpc_logs: Mapping[str, Mapping[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Each host's ``rpc`` events from the nodes' ``rpc_log`` replies (rule 5)."""
+    served: dict[tuple[str, str, str], list[int]] = {}
+    for server, log in rpc_logs.items():
+        for caller, method, t_ns in log.get("served") or ():
+            served.setdefault((server, str(caller), str(method)), []).append(int(t_ns))
+    for instants in served.values():
+        instants.sort()
+    used: set[tuple[str, str, str, int]] = set()
+    out: dict[str, list[dict[str, Any]]] = {}
+    for host, log in rpc_logs.items():
+        for peer, method, sent, returned in sorted(log.get("calls") or (),
+                                                   key=lambda c: int(c[2])):
+            event: dict[str, Any] = {"type": "rpc", "t_ns": int(returned),
+                                     "start_t_ns": int(sent), "peer": str(peer),
+                                     "method": str(method)}
+            for t in served.get((str(peer), host, str(method)), ()):
+                mark = (str(peer), host, str(method), t)
+                if int(sent) <= t <= int(returned) and mark not in used:
+                    used.add(mark)
+                    event["served_t_ns"] = t
+                    break
+            out.setdefault(host, []).append(event)
+    return out
+
+
 def node_history(*, owners: Mapping[str, str],
                  head_logs: Mapping[str, Sequence[Sequence[Any]]],
                  install_logs: Mapping[str, Sequence[Sequence[Any]]],
-                 acts: Sequence[tuple[Act, Mapping[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+                 acts: Sequence[tuple[Act, Mapping[str, Any]]],
+                 rpc_logs: Mapping[str, Mapping[str, Any]] | None = None,
+                 ) -> dict[str, list[dict[str, Any]]]:
     """Each host's history events (plain dicts, in time order) for one episode."""
     out: dict[str, list[dict[str, Any]]] = {h: [] for h in (*head_logs, *install_logs)}
+    for host, events in rpc_events(rpc_logs or {}).items():
+        out.setdefault(host, []).extend(events)
     for host, log in head_logs.items():
         for key, seq, rid, t_ns in log:
             out[host].append({"type": "write", "t_ns": int(t_ns), "key": str(key),

@@ -26,6 +26,10 @@ C.4/C.5 and appendix F's live cohort):
    is an action of its own, validated by the same policy.
 6. A role call that produced no decision is counted (``model_failures``) and ends the
    task's chain there; it never aborts the episode and is never replaced by a guess.
+   A role call whose endpoint gave no answer at all after every retry (the node's
+   ``unavailable``: the server was killed or hung) is no decision of the model: the
+   episode aborts with reason ``model_endpoint: <base_url> ...``, an infrastructure
+   failure that ``--resume`` runs again (``testbed.results.aborts``).
 7. Traffic: the data-plane columns as for trials (role calls' handoffs and the auditor's
    validation count as planning); the role calls' HTTP bytes are ``model_bytes`` (the
    relay's count), a column of their own. Every role call goes to ``decisions``.
@@ -46,6 +50,7 @@ from testbed.campaign.model import Campaign, Cell
 from testbed.campaign.workload import Schedule
 from testbed.errors import RunFailure
 from testbed.net.topology import Topology
+from testbed.results.aborts import MODEL_ENDPOINT
 from testbed.run.accounting import PhaseTally, action_costs, episode_costs, total_sent
 from testbed.run.contract import EpisodeAborted, EpisodeResult
 from testbed.run.live_judge import TaskTrace, judge_task, versions
@@ -112,8 +117,9 @@ async def _workflow(team: Team, campaign: Campaign, cell: Cell, schedule: Schedu
     """Rules 2-6; stops at the first role call without a decision."""
     roles = live_roles(schedule)
     key = roles.key
-    plan = await team.call(roles.planner, "role", role="planner", action=ACTION, key=key,
-                           executor=roles.executor, handoff=[roles.auditor])
+    plan = _answered(campaign, await team.call(
+        roles.planner, "role", role="planner", action=ACTION, key=key,
+        executor=roles.executor, handoff=[roles.auditor]))
     phases.planning += int(plan.get("bytes", 0))
     if plan.get("failed"):
         trace.failed = str(plan["failed"])
@@ -125,8 +131,9 @@ async def _workflow(team: Team, campaign: Campaign, cell: Cell, schedule: Schedu
         read = await team.call(roles.executor, "read", keys=[key])
         phases.planning += sum(int(read.get(f"{p}_bytes", 0))
                                for p in ("query", "fetch", "revalidation"))
-    chosen = await team.call(roles.executor, "role", role="executor", action=ACTION, key=key,
-                             roots=[bytes(plan["record"])])
+    chosen = _answered(campaign, await team.call(
+        roles.executor, "role", role="executor", action=ACTION, key=key,
+        roots=[bytes(plan["record"])]))
     phases.planning += int(chosen.get("bytes", 0))
     if chosen.get("failed"):
         trace.failed = str(chosen["failed"])
@@ -140,6 +147,7 @@ async def _workflow(team: Team, campaign: Campaign, cell: Cell, schedule: Schedu
                                                 key, act_args, trace, phases)
     else:
         trace.primary = await team.call(roles.executor, "act", **act_args)
+    _answered(campaign, trace.primary)
     if trace.primary["outcome"] != "released":
         return
     issued = bytes(trace.primary["issued_roots"][0])
@@ -148,14 +156,23 @@ async def _workflow(team: Team, campaign: Campaign, cell: Cell, schedule: Schedu
         handed = [bytes(v) for v in dict(trace.primary.get("inputs") or {}).values()] + handed
     reply = await team.call(roles.executor, "handoff", to=roles.auditor, ids=handed)
     phases.planning += int(reply.get("bytes", 0))
-    review = await team.call(roles.auditor, "role", role="auditor", action=ACTION, key=key,
-                             primary=issued)
+    review = _answered(campaign, await team.call(
+        roles.auditor, "role", role="auditor", action=ACTION, key=key, primary=issued))
     phases.planning += int(review.get("bytes", 0))
     if review.get("failed") or review.get("record") is None:
         return
-    trace.auditor = await team.call(roles.auditor, "act", **{
-        **act_args, "roots": [bytes(review["record"])]})
+    trace.auditor = _answered(campaign, await team.call(roles.auditor, "act", **{
+        **act_args, "roots": [bytes(review["record"])]}))
     phases.planning += int(trace.auditor.get("bytes", 0))
+
+
+def _answered(campaign: Campaign, reply: dict[str, Any]) -> dict[str, Any]:
+    """The reply, unless its role call's endpoint gave no answer (rule 6): then the
+    episode aborts with the endpoint named."""
+    if reply.get("unavailable"):
+        url = campaign.model.base_url if campaign.model is not None else "?"
+        raise EpisodeAborted(f"{MODEL_ENDPOINT}: {url} unavailable: {reply['unavailable']}")
+    return reply
 
 
 async def _act_with_overlap(team: Team, schedule: Schedule, executor: str, owner: str,

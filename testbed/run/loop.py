@@ -31,7 +31,9 @@ Rules this module obeys:
    ``aborted = True`` and its reason, no action rows and no costs (nothing imputed);
    its ``scheduled_actions`` keep its slots in availability denominators. The group's
    topology and processes are then closed and reopened before the next episode, so a
-   dead node cannot abort the rest of the group.
+   dead node cannot abort the rest of the group. An abort the infrastructure caused
+   (a live episode's model server gave no answer; ``testbed.results.aborts``) is
+   recorded the same way and run again by ``--resume`` as the next attempt.
 6. Attempts (``testbed/run/attempts.py``): with ``repeats`` or ``rerun_disturbed`` an
    episode runs more than once with the same schedule; each attempt is committed on its
    own with its ``attempt`` and ``repeat`` numbers, and what is still to run is planned

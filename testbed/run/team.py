@@ -55,8 +55,8 @@ SHUTDOWN_GRACE_S = 5.0
 HEARTBEAT_MIN_S = 1.0
 OP_DEADLINE_MARGIN_S = 5.0
 #: Control ops that run no policy code: they get op_deadline_s.
-LOCAL_OPS = frozenset({"ping", "reset", "counters", "head_log", "install_log", "configure",
-                       "sched"})
+LOCAL_OPS = frozenset({"ping", "reset", "counters", "head_log", "install_log", "rpc_log",
+                       "configure", "sched"})
 CONNECTIONS: tuple[Connection, ...] = CONNECTION_SETTINGS
 DURABILITIES: tuple[str, ...] = tuple(DURABILITY_MODES)
 

@@ -112,9 +112,10 @@ async def run_trial(group: TrialGroup, cell: Cell, schedule: Schedule) -> Episod
     logs = {agent: (await team.call(agent, "head_log"))["log"] for agent in team.agents}
     installs = {agent: (await team.call(agent, "install_log"))["log"] for agent in team.agents}
     timeline = build_head_log(logs)
+    rpcs = {agent: await team.call(agent, "rpc_log") for agent in team.agents}
     history = history_texts(node_history(
         owners=schedule.owners, head_logs=logs, install_logs=installs,
-        acts=[(Act(0, plan_event.action, executor, (key,)), reply)]))
+        acts=[(Act(0, plan_event.action, executor, (key,)), reply)], rpc_logs=rpcs))
     row = _judge(campaign.kind, plan_event.action, timeline, key, unrelated, reply)
     if same_session:
         row.update(planner=planner, executor=executor)

@@ -12,6 +12,10 @@ wall time per attempt.
    preset shrunk to ``--templates`` tasks per arm, run for real (node processes,
    loopback), against the stand-in; wall time per attempt (episode), task duration
    and the role calls' median latency.
+3. ``--real MODEL`` (``testbed.tools.bench_model_real``): the same client path against a
+   real model started as ``testbed model-server --model MODEL`` starts it; ``--role-calls
+   RUN`` the same statistics from a committed live run's recorded calls
+   (``testbed.tools.role_call_stats``).
 """
 
 from __future__ import annotations
@@ -122,11 +126,11 @@ async def role_call_overhead(base_url: str, calls: int) -> dict[str, Any]:
 
 
 async def preset_wall(base_url: str, templates: int, latency: str,
-                      console: Console) -> dict[str, Any]:
+                      console: Console, *, model: str | None = None) -> dict[str, Any]:
     campaign = load_campaign("live").with_templates(templates)
     assert campaign.model is not None
     campaign = dataclasses.replace(campaign, model=dataclasses.replace(
-        campaign.model, base_url=base_url))
+        campaign.model, base_url=base_url, model=model or campaign.model.model))
     with tempfile.TemporaryDirectory(prefix="tb-bench-live-") as tmp:
         out = Path(tmp) / "live"
         await run_campaign(campaign, out, resume=False, runner=EpisodeRunner(campaign),

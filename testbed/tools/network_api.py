@@ -1,9 +1,9 @@
 """A network for scripts and notebooks: build it, run programs in its hosts, remove it.
 
 ``testbed.api.network("att", hosts=["c", "s"], unshaped=["s"])`` is a context manager
-in the spirit of Mininet's ``Mininet`` object, over what ``testbed exec`` builds
-(``testbed.tools.user_exec`` resolves the network and hosts, ``testbed.net.session``
-builds them). Rules:
+in the spirit of Mininet's ``Mininet`` object, built by the path ``testbed exec`` takes
+(``testbed.tools.user_network``: the network, its hosts, the host limit, the packet
+logs and the removal). Rules:
 
 1. The network lives in a trio run on a thread of its own, so the caller's code stays
    plain and blocking (a notebook cell, a script). The ``with`` block starts when every
@@ -41,8 +41,8 @@ from testbed.errors import UserError
 from testbed.links.linkspec import NetworkProfile
 from testbed.net.commands import host_env, substitute
 from testbed.net.programs import STOP_GRACE_S, STOP_MARGIN_S, launcher_argv
-from testbed.net.session import HostNetwork, addresses_of, open_host_network
-from testbed.tools.user_exec import NetworkChoice, resolve_network, select_hosts
+from testbed.net.session import HostNetwork, addresses_of
+from testbed.tools.user_network import NetworkChoice, open_user_network, plan_network
 
 BUILD_TIMEOUT_S = 300.0
 
@@ -71,21 +71,13 @@ class _Runner(threading.Thread):
     async def _main(self) -> None:
         self._token = trio.lowlevel.current_trio_token()
         self._close = trio.Event()
-        log = self.link_log
-        async with open_host_network(self.profile, self.hosts, backend=self.choice.backend,
-                                     trace_offset_s=self.choice.trace_offset_s,
-                                     seed=self.choice.seed, packet_log=log is not None) as net:
-            if log is not None:
-                await trio.to_thread.run_sync(lambda: log.mkdir(parents=True, exist_ok=True))
-                await net.topo.start_link_log(str(log), "testbed.api.network")
-            try:
-                self.net = net
-                self.ready.set()
-                await self._close.wait()
-            finally:
-                with trio.CancelScope(shield=True):
-                    if log is not None:
-                        await net.topo.stop_link_log()
+        async with open_user_network(self.choice, self.profile, self.hosts,
+                                     link_log=self.link_log, label="testbed.api.network",
+                                     link_log_field="link_log") as user:
+            await user.start_link_log()  # from the moment the block starts
+            self.net = user.net
+            self.ready.set()
+            await self._close.wait()
 
     def close(self) -> None:
         if self._token is not None and self._close is not None:
@@ -244,11 +236,8 @@ def network(name: str, *, hosts: Sequence[str] = ("a0", "a1"), unshaped: Sequenc
                            delay_ms=delay_ms, rate_kbit=rate_kbit, unshaped=tuple(unshaped),
                            cc=tuple(cc), backend=backend, trace_offset_s=trace_offset_s,
                            seed=seed, host=tuple(hosts))
-    profile, _ = resolve_network(choice)
-    names = select_hosts(choice, [], [])
+    profile, names = plan_network(choice)
     log = None if link_log is None else Path(link_log).absolute()
-    if log is not None and profile.link is None:
-        raise UserError(f"link_log: network {profile.name} has no links to log")
     runner = _Runner(profile, names, choice, log)
     with _sigterm_as_interrupt():
         runner.start()

@@ -23,6 +23,13 @@ _URL = re.compile(rb" on (http://\S+/v1)")
 @asynccontextmanager
 async def open_stand_in(*args: str) -> AsyncIterator[str]:
     """Start ``testbed model-server --port 0 ARGS...``; yields its base URL (``.../v1``)."""
+    async with open_stand_in_process(*args) as (url, _):
+        yield url
+
+
+@asynccontextmanager
+async def open_stand_in_process(*args: str) -> AsyncIterator[tuple[str, trio.Process]]:
+    """:func:`open_stand_in`, also yielding the child (to kill it mid-run in a test)."""
     cmd = [sys.executable, "-m", "testbed", "model-server", "--port", "0", *args]
     process = await trio.lowlevel.open_process(cmd, stdout=subprocess.PIPE,
                                                stderr=subprocess.DEVNULL,
@@ -40,7 +47,7 @@ async def open_stand_in(*args: str) -> AsyncIterator[str]:
         if found is None:
             raise HostError(f"the stand-in model server did not start ({cmd!r} printed "
                             f"{line[:200]!r})")
-        yield found.group(1).decode()
+        yield found.group(1).decode(), process
     finally:
         with trio.CancelScope(shield=True):
             if process.returncode is None:

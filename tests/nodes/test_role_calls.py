@@ -1,9 +1,11 @@
 """A node's role calls against the stand-in server (a real process on a real socket):
 bounded retries on transport failures, bounded corrections on schema violations, and
-every failure counted as a model failure, never accepted as a decision."""
+every failure counted as a model failure, never accepted as a decision; an endpoint that
+gave no answer at all (refused, dropped, 429/5xx, timed out) is ``EndpointUnavailable``."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
@@ -11,7 +13,13 @@ import pytest
 
 from nodes.model_client import Endpoint, ModelClient
 from nodes.role_calls import CallEntry, RoleCaller
-from protocols.roles import ModelFailure, build_prompt, satisfying_option, task_document
+from protocols.roles import (
+    EndpointUnavailable,
+    ModelFailure,
+    build_prompt,
+    satisfying_option,
+    task_document,
+)
 from testbed.campaign.live import task_content
 from testbed.tools.stand_in_process import open_stand_in
 
@@ -70,6 +78,7 @@ async def test_a_malformed_answer_is_corrected_once_then_a_model_failure() -> No
     assert entry.corrections == 1
     assert entry.completions == 2
     assert entry.responses == ['{"tool": "', '{"tool": "']
+    assert "gave no answer" not in failure  # the model's failure, not the endpoint's
 
 
 async def test_a_malformed_first_answer_recovers_after_the_correction() -> None:
@@ -88,7 +97,7 @@ async def test_failing_answers_are_retried_then_counted(fault: str) -> None:
     assert entry.decision is None
     assert entry.completions == 0
     assert entry.http_attempts == 3
-    assert "no answer after 3 attempts" in failure
+    assert "gave no answer after 3 attempts" in failure  # the endpoint's, named
     recovered, again, failure = await call(["--fault", fault, "--fault-first", "2"])
     assert not failure
     assert again.http_attempts == 3
@@ -105,13 +114,15 @@ async def test_a_slow_answer_times_out_and_is_counted() -> None:
     assert entry.latency_ms < 10_000
 
 
-async def test_a_server_that_is_gone_is_a_model_failure() -> None:
+async def test_a_server_that_is_gone_is_an_unavailable_endpoint() -> None:
     async with open_stand_in() as url:
         pass  # stopped: nothing listens there any more
     client = ModelClient(endpoint(url, max_retries=1))
     caller = RoleCaller(client, "a1")
     prompt = build_prompt("planner", "deployment", requirement=DOC, action="act000")
-    with pytest.raises(ModelFailure, match="ConnectError"):
+    with pytest.raises(EndpointUnavailable,
+                       match=rf"^planner: {re.escape(url)} gave no answer after 2 attempts; "
+                             "last: ConnectError"):
         await caller.decide(prompt, "act000", [])
     await client.aclose()
     assert caller.log[0].error

@@ -94,7 +94,7 @@ _BAD = [
     ('tier = ["large"]', "grid.tier: 'large' is not allowed; allowed: compact, artifact"),
     ("keys = [200]", "grid.keys: 200 is not allowed; allowed: integers 1..128"),
     ("keys = [true]", "grid.keys: True is not allowed; allowed: integers 1..128"),
-    ("agents = [1]", "grid.agents: 1 is not allowed; allowed: integers 2..16"),
+    ("agents = [1]", "grid.agents: 1 is not allowed; allowed: integers 2..10000"),
     ("units = [2]", "grid.units: 2 is not allowed; allowed: integers 4..4096"),
     ("keys = [8]\ndeps = [9]", "grid.deps: 9 exceeds grid.keys 8; allowed: deps <= keys"),
     ("trace_offset_s = [-5]", "grid.trace_offset_s: -5 is not allowed; allowed: numbers >= 0"),

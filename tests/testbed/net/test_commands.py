@@ -96,7 +96,7 @@ def test_a_placeholder_adds_a_host_only_where_the_commands_name_every_host() -> 
     """`--on c -- ping {addr:s}` builds c and s (mm-link style); where the hosts are
     given otherwise (a0 and a1 for a bare `--`, a campaign's), `{addr:zz}` naming none
     of them is refused in one line, never a new idle host."""
-    from testbed.tools.user_exec import NetworkChoice, select_hosts
+    from testbed.tools.user_network import NetworkChoice, select_hosts
 
     choice = NetworkChoice("fixed")
     _, named = split_segments(["--on", "c", "--", "ping", "{addr:s}"])
