@@ -76,6 +76,17 @@ lane_setup() {
       echo "test: chromium is missing (as root, once: apt-get install chromium); the browser check of the report is skipped" >&2
     fi
   fi
+  # The Redis and etcd examples' tests (tests/testbed/run/test_store_examples.py) run the
+  # real servers (a few MB from Debian); without them those tests are skipped.
+  if ! command -v redis-server >/dev/null || ! command -v etcd >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      echo "test: installing redis-server and etcd for the store examples' tests"
+      { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server etcd-server etcd-client; } \
+        >/dev/null 2>&1 || echo "test: could not install redis-server/etcd; the store examples' tests are skipped" >&2
+    else
+      echo "test: redis-server or etcd is missing (as root, once: apt-get install redis-server etcd-server etcd-client); the store examples' tests are skipped" >&2
+    fi
+  fi
 }
 
 lane_lint() {

@@ -8,6 +8,8 @@ import signal
 import time
 from pathlib import Path
 
+import trio
+
 
 def _stat_fields(pid: int) -> list[str] | None:
     """The fields of /proc/PID/stat after the command name (field 3 onward), None if
@@ -75,3 +77,16 @@ def _is_zombie(pid: int) -> bool:
 def _reap(pid: int) -> None:
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
+
+
+async def end_child(process: trio.Process, grace_s: float) -> None:
+    """Stop a child this process started: SIGTERM, GRACE_S to exit, then SIGKILL; waits
+    for it either way (shielded: it runs in ``finally`` blocks of cancelled scopes)."""
+    with trio.CancelScope(shield=True):
+        if process.returncode is None:
+            process.terminate()
+            with trio.move_on_after(grace_s):
+                await process.wait()
+        if process.returncode is None:
+            process.kill()
+            await process.wait()

@@ -63,7 +63,7 @@ from testbed.errors import LinkFailure, RunFailure
 from testbed.host.ledger import Ledger
 from testbed.net.topology import Topology, open_topology
 from testbed.results.history import check_episode, history_columns, history_texts
-from testbed.run.accounting import PhaseTally, action_costs, episode_costs
+from testbed.run.accounting import PhaseTally, action_costs, episode_costs, total_sent
 from testbed.run.contract import EpisodeAborted, EpisodeResult
 from testbed.run.disturbance import HostSample, episode_disturbance
 from testbed.run.history import node_history
@@ -79,7 +79,7 @@ from testbed.run.team import (
     open_team,
 )
 from testbed.run.trials import run_trial
-from testbed.run.verdict import HeadLog, build_head_log, judge_invalid
+from testbed.run.verdict import HeadLog, action_row, build_head_log
 
 
 @dataclass
@@ -297,22 +297,12 @@ class TeamGroup:
                 history: dict[str, str]) -> EpisodeResult:
         rows: list[dict[str, Any]] = []
         for act, reply in acts:
-            released = reply["outcome"] == "released"
-            inputs = {str(k): bytes(v) for k, v in dict(reply.get("inputs") or {}).items()}
-            invalid = released and judge_invalid(timeline, act.keys, inputs,
-                                                 int(reply["issue_t_ns"]))
-            rows.append({
-                "action": act.action, "outcome": reply["outcome"], "invalid": invalid,
-                "complete": released and not invalid, "replans": int(reply["replans"]),
-                "stall_ms": float(reply["stall_ms"]), "bytes": int(reply["bytes"]),
-                "connections": int(reply["connections"]),
-                "block_reason": str(reply.get("block_reason") or ""),
-                **action_costs(reply),
-                "rpc_timeouts": int(reply.get("rpc_timeouts") or 0),
-            })
+            rows.append({**action_row(act.action, act.keys, reply, timeline),
+                         **action_costs(reply),
+                         "rpc_timeouts": int(reply.get("rpc_timeouts") or 0)})
         attempted = max(len(acts), 1)
-        sent = sum(int(c.get("bytes_sent", 0)) for c in counters.values())
-        opened = sum(int(c.get("connections_opened", 0)) for c in counters.values())
+        sent = total_sent(counters)
+        opened = total_sent(counters, "connections_opened")
         link_bytes = sum(
             int(links_after[h].get("up_bytes", 0)) - int(links_before.get(h, {}).get("up_bytes", 0))
             for h in links_after)

@@ -68,3 +68,19 @@ def changes_between(timeline: HeadLog, key: str, start_ns: int, end_ns: int) -> 
     """How many times the owner's head of ``key`` changed in (start_ns, end_ns]."""
     times, _ = timeline.get(key, ([], []))
     return bisect.bisect_right(times, end_ns) - bisect.bisect_right(times, start_ns)
+
+
+def action_row(action: str, keys: Sequence[str], reply: Mapping[str, Any],
+               timeline: HeadLog) -> dict[str, Any]:
+    """One action's result row from its ``act`` reply, judged against the owners' heads
+    at its issue (the columns every episode engine writes; costs added by the caller)."""
+    released = reply["outcome"] == "released"
+    inputs = {str(k): bytes(v) for k, v in dict(reply.get("inputs") or {}).items()}
+    invalid = released and judge_invalid(timeline, keys, inputs, int(reply["issue_t_ns"]))
+    return {
+        "action": action, "outcome": reply["outcome"], "invalid": invalid,
+        "complete": released and not invalid, "replans": int(reply["replans"]),
+        "stall_ms": float(reply["stall_ms"]), "bytes": int(reply["bytes"]),
+        "connections": int(reply["connections"]),
+        "block_reason": str(reply.get("block_reason") or ""),
+    }

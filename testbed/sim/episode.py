@@ -39,7 +39,7 @@ from testbed.campaign.sim_support import check_campaign
 from testbed.campaign.workload import Act, Plan, Schedule, Update
 from testbed.run.accounting import PhaseTally, action_costs, episode_costs, total_sent
 from testbed.run.contract import EpisodeAborted, EpisodeResult
-from testbed.run.verdict import build_head_log, judge_invalid
+from testbed.run.verdict import action_row, build_head_log
 from testbed.sim.calibration import Calibration
 from testbed.sim.kernel import Loop, SimDeadlock, gather
 from testbed.sim.network import SimNetwork
@@ -206,19 +206,9 @@ def _result(acts: list[tuple[Act, dict[str, Any]]], timeline: Any,
     """The rows ``testbed.run.episode.TeamGroup._result`` builds, from sim replies."""
     rows: list[dict[str, Any]] = []
     for act, reply in acts:
-        released = reply["outcome"] == "released"
-        inputs = {str(k): bytes(v) for k, v in dict(reply.get("inputs") or {}).items()}
-        invalid = released and judge_invalid(timeline, act.keys, inputs,
-                                             int(reply["issue_t_ns"]))
-        rows.append({
-            "action": act.action, "outcome": reply["outcome"], "invalid": invalid,
-            "complete": released and not invalid, "replans": int(reply["replans"]),
-            "stall_ms": float(reply["stall_ms"]), "bytes": int(reply["bytes"]),
-            "connections": int(reply["connections"]),
-            "block_reason": str(reply.get("block_reason") or ""),
-            **action_costs(reply),
-            "rpc_timeouts": int(reply.get("rpc_timeouts") or 0),
-        })
+        rows.append({**action_row(act.action, act.keys, reply, timeline),
+                     **action_costs(reply),
+                     "rpc_timeouts": int(reply.get("rpc_timeouts") or 0)})
     attempted = max(len(acts), 1)
     sent = total_sent(counters)
     opened = total_sent(counters, "connections_opened")

@@ -28,6 +28,7 @@ from typing import Any
 import trio
 
 from testbed.errors import HostError
+from testbed.host.processes import end_child
 
 # Models this project can serve from a package (installed with the model extra); the
 # package name and the GGUF file inside it.
@@ -131,15 +132,8 @@ async def open_llama_server(gguf: Path, sock: socket.socket, *, alias: str,
             found = await _wait_ready(client, url, process)
             yield url, found
     finally:
-        with trio.CancelScope(shield=True):
-            if process.returncode is None:
-                process.terminate()
-                with trio.move_on_after(STOP_GRACE_S):
-                    await process.wait()
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
-            os.close(write_end)
+        await end_child(process, STOP_GRACE_S)
+        os.close(write_end)
 
 
 async def _wait_ready(client: Any, url: str, process: trio.Process) -> dict[str, Any]:

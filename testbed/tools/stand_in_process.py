@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 import trio
 
 from testbed.errors import HostError
+from testbed.host.processes import end_child
 
 STARTUP_TIMEOUT_S = 30.0
 STOP_GRACE_S = 5.0
@@ -49,13 +50,7 @@ async def open_stand_in_process(*args: str) -> AsyncIterator[tuple[str, trio.Pro
                             f"{line[:200]!r})")
         yield found.group(1).decode(), process
     finally:
+        await end_child(process, STOP_GRACE_S)
         with trio.CancelScope(shield=True):
-            if process.returncode is None:
-                process.terminate()
-                with trio.move_on_after(STOP_GRACE_S):
-                    await process.wait()
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
             if process.stdout is not None:
                 await process.stdout.aclose()
