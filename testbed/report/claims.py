@@ -172,7 +172,12 @@ def _all_episodes(root: Path) -> pd.DataFrame:
 
 @cache
 def _rerun_pairs(root: Path) -> pd.DataFrame:
-    costs = cost_episodes(_all_episodes(root))
+    episodes = _all_episodes(root)
+    live = [name for name in episodes["run"].unique()
+            if _load(root, name).manifest.get("config", {}).get("kind") == "live"]
+    # live studies share episode keys and schedules with each other, but their stall
+    # is a model's time, not a cost to compare across runs
+    costs = cost_episodes(episodes[~episodes["run"].isin(live)])
     side = costs[["episode", "schedule_digest", "run", "policy", "network",
                   "stall_ms_per_action", "kib_per_action"]]
     both = side.merge(side, on=["episode", "schedule_digest"], suffixes=("_x", "_y"))
@@ -221,8 +226,8 @@ class Scope:
         return _all_episodes(self.root)
 
     def rerun_pairs(self, **filters: Any) -> pd.DataFrame:
-        """Same-key episodes of two reference runs (every pair of runs that hold the
-        key, same schedule digest, neither aborted): columns ``policy``, ``runs``,
+        """Same-key episodes of two reference runs, live studies aside (every pair of
+        runs that hold the key, same schedule digest, neither aborted): columns ``policy``, ``runs``,
         ``a``, ``b`` (stall per action), ``same_bytes``, ``ratio`` (a / b) and
         ``deviation`` (larger / smaller - 1)."""
         pairs = _rerun_pairs(self.root)
