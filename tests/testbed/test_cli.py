@@ -13,6 +13,7 @@ import pytest
 
 from testbed.cli import build_parser, main
 from tests.leftovers import watch_runs
+from tests.terminal import sigint_as_from_a_terminal
 
 pytestmark = pytest.mark.slow
 
@@ -294,7 +295,7 @@ units = [16]
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("signum", "status"), [
-    pytest.param(signal.SIGINT, 130, marks=pytest.mark.skipif(signal.getsignal(signal.SIGINT) is signal.SIG_IGN, reason="SIGINT is ignored in this process (a background job): its children ignore it too")),
+    (signal.SIGINT, 130),
     (signal.SIGTERM, 143)])
 def test_an_interrupted_run_says_what_it_kept_in_one_line(tmp_path: Path, signum: int,
                                                            status: int) -> None:
@@ -307,7 +308,8 @@ def test_an_interrupted_run_says_what_it_kept_in_one_line(tmp_path: Path, signum
     with watch_runs() as runs:
         proc = subprocess.Popen([sys.executable, "-m", "testbed", "run", "c.toml", "--out",
                                  str(out)], cwd=tmp_path, text=True,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                preexec_fn=sigint_as_from_a_terminal)
         try:
             deadline = time.monotonic() + 120
             while not (shards.is_dir() and any(shards.glob("*.parquet"))):

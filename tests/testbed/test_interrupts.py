@@ -16,8 +16,11 @@ from testbed import interrupts
 
 @pytest.fixture
 def handled() -> Iterator[None]:
-    """interrupts.handled() around the test; Python's own handlers back afterwards (an
-    interrupted command leaves both signals ignored while its process exits)."""
+    """interrupts.handled() around the test, started with Python's own SIGINT handler
+    (as from a terminal: a pytest-xdist worker starts with SIGINT ignored), and Python's
+    own handlers back afterwards (an interrupted command leaves both signals ignored
+    while its process exits)."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as from a terminal
     try:
         with interrupts.handled():
             yield
@@ -69,11 +72,7 @@ def _interrupted_run(first: int, second: int | None) -> list[str]:
     return done
 
 
-@pytest.mark.parametrize("first", [
-    pytest.param(signal.SIGINT, marks=pytest.mark.skipif(
-        signal.getsignal(signal.SIGINT) is signal.SIG_IGN,
-        reason="SIGINT is ignored in this process (a background job): its children ignore it too")),
-    signal.SIGTERM])
+@pytest.mark.parametrize("first", [signal.SIGINT, signal.SIGTERM])
 def test_sigterm_is_a_ctrl_c_and_a_second_signal_waits_for_the_cleanup(
         handled: None, first: int, capfd: pytest.CaptureFixture[str]) -> None:
     assert _interrupted_run(first, signal.SIGINT) == ["cleaned up"]

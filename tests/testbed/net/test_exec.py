@@ -26,6 +26,7 @@ from testbed.host import ledger as ledger_mod
 from testbed.host.processes import is_running
 from tests.leftovers import prefix_objects, watch_runs
 from tests.privileges import require_netem
+from tests.terminal import sigint_as_from_a_terminal
 
 pytestmark = pytest.mark.privileged
 
@@ -277,7 +278,7 @@ def test_sigterm_to_the_controller_leaves_nothing(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("signum", "status"), [
-    pytest.param(signal.SIGINT, 130, marks=pytest.mark.skipif(signal.getsignal(signal.SIGINT) is signal.SIG_IGN, reason="SIGINT is ignored in this process (a background job): its children ignore it too")),
+    (signal.SIGINT, 130),
     (signal.SIGTERM, 143)])
 def test_an_interrupted_exec_is_one_line_and_leaves_nothing(tmp_path: Path, signum: int,
                                                             status: int) -> None:
@@ -288,7 +289,8 @@ def test_an_interrupted_exec_is_one_line_and_leaves_nothing(tmp_path: Path, sign
         proc = subprocess.Popen(
             [sys.executable, "-m", "testbed", "exec", "fixed", "--quiet", "--hosts", "2",
              "--", "sh", "-c", "touch ready-$TESTBED_HOST; exec sleep 30"], cwd=tmp_path,
-            text=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            text=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            preexec_fn=sigint_as_from_a_terminal)
         try:
             deadline = time.monotonic() + 60
             while not all((tmp_path / f"ready-a{i}").exists() for i in range(2)):
