@@ -228,6 +228,23 @@ def _check_traces(manifest: Mapping[str, Any], root: Path, out: Verification) ->
         out.facts.append(f"{count} trace file(s) as recorded")
 
 
+def _portable(config: Mapping[str, Any], campaign_dir: Path) -> dict[str, Any]:
+    """CONFIG with a command workload's directory written relative to the campaign
+    file's own (the checkout it ran from is not part of the campaign)."""
+    out = dict(config)
+    command = out.get("command")
+    if not (isinstance(command, Mapping) and isinstance(command.get("cwd"), str)):
+        return out
+    cwd, tail = Path(command["cwd"]).parts, campaign_dir.parts
+    # the campaign file's directory as recorded: absolute, or relative to where it ran
+    for start in range(len(cwd) - len(tail) + 1):
+        if cwd[start:start + len(tail)] == tail and (campaign_dir.is_absolute() or start):
+            inside = cwd[start + len(tail):]
+            out["command"] = {**command, "cwd": str(Path(*inside)) if inside else "."}
+            break
+    return out
+
+
 def _check_source(manifest: Mapping[str, Any], config: Any, root: Path,
                   out: Verification, manifest_dir: Path) -> None:
     source = manifest.get("source")
@@ -252,6 +269,9 @@ def _check_source(manifest: Mapping[str, Any], config: Any, root: Path,
         out.problems.append(f"campaign source {where}: does not parse now ({exc})")
         return
     now = campaign.config()
+    if isinstance(where, Path):  # a command's directory is the campaign file's, wherever
+        now = _portable(now, where.parent)
+        config = _portable(config, Path(source).parent)
     differing = [k for k in sorted(set(now) | set(config)) if now.get(k) != config.get(k)]
     if differing:
         out.problems.append(f"campaign source {where}: gives another campaign than the run "

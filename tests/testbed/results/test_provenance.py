@@ -270,3 +270,20 @@ def test_relocate_finds_a_moved_file_by_its_tail(tmp_path: Path) -> None:
     assert found == tmp_path / "results" / "configs" / "rates.toml"
     assert relocate("/elsewhere/none.toml", tmp_path) is None
     assert relocate("results/configs/rates.toml", tmp_path) == found
+
+
+def test_a_command_workloads_directory_is_compared_relative_to_its_campaign() -> None:
+    """A command campaign run from another checkout records that checkout's directory;
+    the campaign is the same wherever it ran, but not if the directory moved within it."""
+    from testbed.results.verify import _portable
+
+    def config(cwd: str) -> dict[str, object]:
+        return {"name": "x", "command": {"cwd": cwd, "run": []}}
+
+    here = Path("/work/main/docs/examples/redis-store")
+    recorded = config("/elsewhere/clone/docs/examples/redis-store")
+    relative = Path("docs/examples/redis-store")
+    assert _portable(recorded, relative) == _portable(config(str(here)), here)
+    assert _portable(config("/elsewhere/clone/docs/examples/redis-store/sub"), relative) \
+        != _portable(config(str(here)), here)
+    assert _portable({"name": "x"}, here) == {"name": "x"}
