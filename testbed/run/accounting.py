@@ -71,3 +71,17 @@ def episode_costs(counters: Mapping[str, Mapping[str, int]], tally: PhaseTally,
         "commit_bytes": tally.commit,
         "rounds_per_action": sum(int(a.get("rounds", 0)) for a in actions) / per,
     }
+
+
+@dataclass
+class StallTally:
+    """Stall of one episode by where it was spent (ms), and the sequential rounds the
+    barriers and commits waited for (a barrier's: its slowest member's)."""
+
+    action_ms: float = 0.0
+    barrier_ms: float = 0.0
+    commit_ms: float = 0.0
+    barrier_rounds: int = 0
+    barrier_handshake_rounds: int = 0
+    commit_rounds: int = 0
+    commit_handshake_rounds: int = 0

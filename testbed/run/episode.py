@@ -47,7 +47,6 @@ import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +62,13 @@ from testbed.errors import LinkFailure, RunFailure
 from testbed.host.ledger import Ledger
 from testbed.net.topology import Topology, open_topology
 from testbed.results.history import check_episode, history_columns, history_texts
-from testbed.run.accounting import PhaseTally, action_costs, episode_costs, total_sent
+from testbed.run.accounting import (
+    PhaseTally,
+    StallTally,
+    action_costs,
+    episode_costs,
+    total_sent,
+)
 from testbed.run.contract import EpisodeAborted, EpisodeResult
 from testbed.run.disturbance import HostSample, episode_disturbance
 from testbed.run.history import node_history
@@ -80,20 +85,6 @@ from testbed.run.team import (
 )
 from testbed.run.trials import run_trial
 from testbed.run.verdict import HeadLog, action_row, build_head_log
-
-
-@dataclass
-class StallTally:
-    """Stall of one episode by where it was spent (ms), and the sequential rounds the
-    barriers and commits waited for (a barrier's: its slowest member's)."""
-
-    action_ms: float = 0.0
-    barrier_ms: float = 0.0
-    commit_ms: float = 0.0
-    barrier_rounds: int = 0
-    barrier_handshake_rounds: int = 0
-    commit_rounds: int = 0
-    commit_handshake_rounds: int = 0
 
 
 class TeamGroup:

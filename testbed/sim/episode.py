@@ -26,7 +26,6 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
@@ -37,7 +36,13 @@ from protocols.records import set_wire_encoding, wire_encoding
 from testbed.campaign.model import Campaign, Cell, GroupKey, episode_key
 from testbed.campaign.sim_support import check_campaign
 from testbed.campaign.workload import Act, Plan, Schedule, Update
-from testbed.run.accounting import PhaseTally, action_costs, episode_costs, total_sent
+from testbed.run.accounting import (
+    PhaseTally,
+    StallTally,
+    action_costs,
+    episode_costs,
+    total_sent,
+)
 from testbed.run.contract import EpisodeAborted, EpisodeResult
 from testbed.run.verdict import action_row, build_head_log
 from testbed.sim.calibration import Calibration
@@ -53,17 +58,6 @@ BACKEND = "sim"
 #: harness (``testbed.sim.paper``).
 TCP_MODEL = "tcp"
 T = TypeVar("T")
-
-
-@dataclass
-class _Tally:
-    action_ms: float = 0.0
-    barrier_ms: float = 0.0
-    commit_ms: float = 0.0
-    barrier_rounds: int = 0
-    barrier_handshake_rounds: int = 0
-    commit_rounds: int = 0
-    commit_handshake_rounds: int = 0
 
 
 class SimEpisode:
@@ -159,7 +153,7 @@ def _run(sim: SimEpisode, campaign: Campaign, cell: Cell, schedule: Schedule
     by_unit: dict[int, list[Update | Plan | Act]] = defaultdict(list)
     for event in schedule.events:
         by_unit[event.unit].append(event)
-    tally = _Tally()
+    tally = StallTally()
     plans: dict[str, bytes] = {}
     acts: list[tuple[Act, dict[str, Any]]] = []
     for unit in range(schedule.units):
@@ -201,7 +195,7 @@ def _run(sim: SimEpisode, campaign: Campaign, cell: Cell, schedule: Schedule
 def _result(acts: list[tuple[Act, dict[str, Any]]], timeline: Any,
             counters: Mapping[str, Mapping[str, int]],
             links_before: Mapping[str, Mapping[str, int]],
-            links_after: Mapping[str, Mapping[str, int]], tally: _Tally,
+            links_after: Mapping[str, Mapping[str, int]], tally: StallTally,
             phases: PhaseTally) -> EpisodeResult:
     """The rows ``testbed.run.episode.TeamGroup._result`` builds, from sim replies."""
     rows: list[dict[str, Any]] = []
