@@ -111,13 +111,7 @@ async def run_act(env: NodeEnv, policy: Policy, counters: Counters, action: str,
     if not released:
         log.info("act %s blocked: %s", action, reason)
     return {
-        "outcome": "released" if released else "blocked",
-        "replans": replans,
-        "stall_ms": (decided - started - env.replan_ns) / 1e6,
-        "bytes": (after["bytes_sent"] + after["bytes_received"]
-                  - before["bytes_sent"] - before["bytes_received"]),
-        "handshake_bytes": after["handshake_bytes_sent"] - before["handshake_bytes_sent"],
-        "connections": after["connections_opened"] - before["connections_opened"],
+        **act_counts(released, replans, decided - started - env.replan_ns, before, after),
         "issued_roots": list(issued),
         "inputs": dict(inputs),
         "held": held,
@@ -128,6 +122,21 @@ async def run_act(env: NodeEnv, policy: Policy, counters: Counters, action: str,
         "last_head_round_t_ns": env.meter.last_head_round_ns,
         "block_reason": "" if released else (reason or "blocked"),
         **({"unavailable": unavailable} if unavailable else {}),
-        "rpc_timeouts": after["rpc_timeouts"] - before["rpc_timeouts"],
         **env.meter.report(),
+    }
+
+
+def act_counts(released: bool, replans: int, stall_ns: int, before: Mapping[str, int],
+               after: Mapping[str, int]) -> dict[str, Any]:
+    """The outcome and counted costs of one ``act`` reply: stall, and what the node's
+    counters moved by between BEFORE and AFTER (every engine replies with these)."""
+    return {
+        "outcome": "released" if released else "blocked",
+        "replans": replans,
+        "stall_ms": stall_ns / 1e6,
+        "bytes": (after["bytes_sent"] + after["bytes_received"]
+                  - before["bytes_sent"] - before["bytes_received"]),
+        "handshake_bytes": after["handshake_bytes_sent"] - before["handshake_bytes_sent"],
+        "connections": after["connections_opened"] - before["connections_opened"],
+        "rpc_timeouts": after["rpc_timeouts"] - before["rpc_timeouts"],
     }

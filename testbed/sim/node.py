@@ -37,6 +37,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from nodes.act import act_counts
 from nodes.limits import Limits
 from nodes.meter import HANDSHAKE_ROUND_TRIPS, HEAD_READS, RoundMeter
 from nodes.node_env import NodeEnv
@@ -362,16 +363,10 @@ class SimNode:
         decided = self.loop.now_ns
         after = counters.snapshot()
         return {
-            "outcome": "released" if released else "blocked",
-            "replans": replans,
-            "stall_ms": (decided - started - env.replan_ns) / 1e6,
-            "bytes": (after["bytes_sent"] + after["bytes_received"]
-                      - before["bytes_sent"] - before["bytes_received"]),
-            "handshake_bytes": after["handshake_bytes_sent"] - before["handshake_bytes_sent"],
-            "connections": after["connections_opened"] - before["connections_opened"],
+            **act_counts(released, replans, decided - started - env.replan_ns, before,
+                         after),
             "inputs": dict(inputs),
             "issue_t_ns": decided,
             "block_reason": "" if released else (reason or "blocked"),
-            "rpc_timeouts": after["rpc_timeouts"] - before["rpc_timeouts"],
             **env.meter.report(),
         }
